@@ -1,0 +1,151 @@
+"""The batched torch-tensor interface over Gymnasium vector environments.
+
+`GymnasiumVecEnv` adapts any Gymnasium id (`gym.make_vec` with same-step autoreset) to the contract
+in DESIGN.md §3; `EpisodeTracker` keeps the raw episode statistics that every backend reports.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+
+
+class EpisodeTracker:
+    """Raw (un-normalised) return and length of the running episode of every env."""
+
+    def __init__(self, num_envs: int, device: torch.device | str):
+        self.returns = torch.zeros(num_envs, dtype=torch.float64, device=device)
+        self.lengths = torch.zeros(num_envs, dtype=torch.int64, device=device)
+
+    def update(self, reward: torch.Tensor, done: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Adds one step; returns {"r", "l", "mask"} where `mask` marks the envs whose episode ended."""
+        self.returns += reward
+        self.lengths += 1
+        episode = {"r": self.returns.float(), "l": self.lengths.clone(), "mask": done.clone()}
+        self.clear(done)
+        return episode
+
+    def clear(self, mask: torch.Tensor | None = None) -> None:
+        if mask is None:
+            self.returns.zero_()
+            self.lengths.zero_()
+        else:
+            self.returns.masked_fill_(mask, 0.0)
+            self.lengths.masked_fill_(mask, 0)
+
+
+def as_bool_mask(reset_mask, num_envs: int) -> torch.Tensor:
+    """Validates `options["reset_mask"]` (tensor or array of bools, one per env) and returns it on the CPU."""
+    mask = torch.as_tensor(reset_mask).cpu()
+    if mask.dtype != torch.bool or mask.shape != (num_envs,):
+        raise ValueError(
+            f"options['reset_mask'] must be a bool tensor of shape ({num_envs},), "
+            f"got dtype {mask.dtype} and shape {tuple(mask.shape)}"
+        )
+    return mask
+
+
+class GymnasiumVecEnv:
+    """Any Gymnasium id as a batch of envs that takes and returns torch tensors on `device`.
+
+    Gymnasium's same-step autoreset already returns the first observation of the next episode;
+    this adapter turns its per-env `final_obs` objects into one dense tensor (rows of envs that did
+    not finish equal `obs`), tracks raw episode statistics, and truncates-and-resets any env whose
+    observation or reward stops being finite (a MuJoCo blow-up) instead of failing the batch.
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int = 1,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        vectorization_mode: str = "sync",
+        render_mode: str | None = None,
+        **env_kwargs,
+    ):
+        if vectorization_mode not in ("sync", "async"):
+            raise ValueError(f"vectorization_mode must be 'sync' or 'async', got {vectorization_mode!r}")
+        if render_mode is not None:
+            env_kwargs["render_mode"] = render_mode
+        self.env = gym.make_vec(
+            env_id,
+            num_envs=num_envs,
+            vectorization_mode=vectorization_mode,
+            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+            **env_kwargs,
+        )
+        self.num_envs = num_envs
+        self.single_observation_space = self.env.single_observation_space
+        self.single_action_space = self.env.single_action_space
+        for name, space in (("observation", self.single_observation_space), ("action", self.single_action_space)):
+            if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+                self.env.close()
+                raise ValueError(
+                    f"{env_id} has a {type(space).__name__}{getattr(space, 'shape', '')} {name} space; "
+                    "these scripts need flat Box observations and continuous (Box) actions"
+                )
+        self.device = torch.device(device)
+        self.seed = seed
+        self.single_action_space.seed(seed)
+        self.episodes = EpisodeTracker(num_envs, self.device)
+        self._seeded = False
+        self._last_obs: np.ndarray | None = None
+
+    def _tensor(self, array: np.ndarray, dtype=torch.float32) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(array), dtype=dtype).to(self.device)
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        """Resets every env, or only those in `options["reset_mask"]`; the first reset uses the seed of `make`."""
+        options = dict(options or {})
+        if seed is None and not self._seeded:
+            seed = self.seed
+        self._seeded = True
+        mask = None
+        if "reset_mask" in options:
+            mask = as_bool_mask(options["reset_mask"], self.num_envs)
+            options["reset_mask"] = mask.numpy()
+        obs, _ = self.env.reset(seed=seed, options=options or None)
+        if mask is not None and self._last_obs is not None:
+            obs = np.where(mask.numpy()[:, None], obs, self._last_obs)
+        self._last_obs = obs
+        self.episodes.clear(None if mask is None else mask.to(self.device))
+        return self._tensor(obs), {}
+
+    def step(self, action: torch.Tensor):
+        action = np.asarray(action.detach().cpu().numpy(), dtype=self.single_action_space.dtype)
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        final_obs = np.array(obs, dtype=np.float32)
+        if "_final_obs" in info:
+            for i in np.flatnonzero(info["_final_obs"]):
+                final_obs[i] = info["final_obs"][i]
+
+        # A blow-up (non-finite state or reward) truncates that env and resets it; the batch goes on.
+        sim_errors = ~(np.isfinite(final_obs).all(axis=1) & np.isfinite(obs).all(axis=1) & np.isfinite(reward))
+        if sim_errors.any():
+            reward = np.where(sim_errors, 0.0, reward)
+            final_obs[sim_errors] = self._last_obs[sim_errors]
+            terminated = terminated & ~sim_errors
+            truncated = truncated | sim_errors
+            reset_obs, _ = self.env.reset(options={"reset_mask": sim_errors})
+            obs = np.where(sim_errors[:, None], reset_obs, obs)
+        self._last_obs = obs
+
+        reward_t = self._tensor(reward)
+        terminated_t = self._tensor(terminated, torch.bool)
+        truncated_t = self._tensor(truncated, torch.bool)
+        info = {
+            "final_obs": self._tensor(final_obs),
+            "episode": self.episodes.update(reward_t, terminated_t | truncated_t),
+            "sim_errors": self._tensor(sim_errors, torch.bool),
+        }
+        return self._tensor(obs), reward_t, terminated_t, truncated_t, info
+
+    def render(self) -> np.ndarray:
+        """The RGB frame of env 0 (make the env with render_mode="rgb_array")."""
+        return self.env.render()[0]
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,225 @@
+"""The envs/ contract (DESIGN.md §3) on Gymnasium tasks and their partially observable variants."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import envs
+from envs.partial import POSITION_INDICES, VELOCITY_INDICES, variants
+
+
+def random_actions(vec, steps, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    low = torch.as_tensor(vec.single_action_space.low)
+    high = torch.as_tensor(vec.single_action_space.high)
+    return [low + (high - low) * torch.rand(vec.num_envs, len(low), generator=g) for _ in range(steps)]
+
+
+def test_final_obs_is_the_true_last_obs_not_the_reset_obs():
+    """Bug: bootstrapping a truncated episode from the autoreset observation of the next episode."""
+    vec = envs.make("Pendulum-v1", num_envs=2, seed=3, max_episode_steps=15)
+    single = gym.make("Pendulum-v1", max_episode_steps=15)
+    single_obs, _ = single.reset(seed=3)  # env 0 of the batch is seeded with `seed`
+    obs, _ = vec.reset()
+    np.testing.assert_allclose(obs[0].numpy(), single_obs, rtol=1e-6)
+    for t, action in enumerate(random_actions(vec, 15)):
+        obs, reward, terminated, truncated, info = vec.step(action)
+        single_obs, single_reward, single_term, single_trunc, _ = single.step(action[0].numpy())
+        assert truncated[0].item() == single_trunc and not terminated.any()
+        np.testing.assert_allclose(info["final_obs"][0].numpy(), single_obs, rtol=1e-6)
+        assert reward[0].item() == pytest.approx(single_reward, rel=1e-6)
+    assert truncated.all() and t == 14
+    reset_obs, _ = single.reset()
+    np.testing.assert_allclose(obs[0].numpy(), reset_obs, rtol=1e-6)
+    assert not np.allclose(info["final_obs"][0].numpy(), obs[0].numpy())
+
+
+def test_final_obs_rows_of_running_envs_equal_obs():
+    """Bug: a dense final_obs with stale or zero rows for envs that did not finish."""
+    vec = envs.make("Pendulum-v1", num_envs=3, seed=0)
+    vec.reset()
+    for action in random_actions(vec, 5):
+        obs, _, _, _, info = vec.step(action)
+        torch.testing.assert_close(info["final_obs"], obs)
+
+
+def test_episode_statistics_are_raw_returns_and_lengths():
+    """Bug: logging normalised or partial returns, or lengths off by one."""
+    vec = envs.make("InvertedPendulum-v5", num_envs=4, seed=1)
+    vec.reset()
+    running = torch.zeros(4, dtype=torch.float64)
+    lengths = torch.zeros(4, dtype=torch.int64)
+    finished = 0
+    for action in random_actions(vec, 60):
+        _, reward, terminated, truncated, info = vec.step(action)
+        running += reward.double()
+        lengths += 1
+        done = terminated | truncated
+        assert torch.equal(info["episode"]["mask"], done)
+        if done.any():
+            torch.testing.assert_close(info["episode"]["r"][done], running[done].float())
+            assert torch.equal(info["episode"]["l"][done], lengths[done])
+            finished += int(done.sum())
+        running[done] = 0
+        lengths[done] = 0
+    assert finished > 4  # random actions drop the pole within a few dozen steps
+
+
+def test_termination_is_not_reported_as_truncation():
+    """Bug: merging terminated and truncated, which bootstraps from terminal states."""
+    vec = envs.make("InvertedPendulum-v5", num_envs=2, seed=0)
+    vec.reset()
+    saw_terminated = False
+    for action in random_actions(vec, 100):
+        _, _, terminated, truncated, info = vec.step(action)
+        assert not (terminated & truncated).any()
+        if terminated.any():
+            saw_terminated = True
+            last = info["final_obs"][terminated]
+            assert (last[:, 1].abs() > 0.2).all()  # the pole angle that ends InvertedPendulum episodes
+    assert saw_terminated
+
+
+def test_same_seed_reproduces_trajectories_and_other_seed_does_not():
+    """Bug: seeds ignored (irreproducible runs) or every env seeded identically."""
+
+    def rollout(seed):
+        vec = envs.make("HalfCheetah-v5", num_envs=2, seed=seed)
+        obs, _ = vec.reset()
+        trajectory = [obs]
+        for action in random_actions(vec, 10):
+            trajectory.append(vec.step(action)[0])
+        vec.close()
+        return torch.stack(trajectory)
+
+    first, second, other = rollout(7), rollout(7), rollout(8)
+    assert torch.equal(first, second)
+    assert not torch.allclose(first, other)
+    assert not torch.allclose(first[:, 0], first[:, 1])
+
+
+def test_async_vectorization_steps_the_same_trajectories_as_sync():
+    """Bug: the async option silently drops seeding or same-step autoreset."""
+    trajectories = []
+    for mode in ("sync", "async"):
+        vec = envs.make("Pendulum-v1", num_envs=2, seed=4, vectorization_mode=mode, max_episode_steps=5)
+        obs, _ = vec.reset()
+        steps = [obs]
+        for action in random_actions(vec, 8):
+            obs, _, _, truncated, info = vec.step(action)
+            steps += [obs, info["final_obs"]]
+        vec.close()
+        trajectories.append(torch.stack(steps))
+    torch.testing.assert_close(trajectories[0], trajectories[1])
+
+
+def test_tensors_have_the_contract_dtypes_and_shapes():
+    vec = envs.make("Pendulum-v1", num_envs=3, seed=0, device="cpu")
+    obs, _ = vec.reset()
+    obs, reward, terminated, truncated, info = vec.step(torch.zeros(3, 1))
+    assert obs.shape == (3, 3) and obs.dtype == torch.float32
+    assert reward.shape == (3,) and reward.dtype == torch.float32
+    assert terminated.dtype == truncated.dtype == torch.bool
+    assert info["final_obs"].shape == (3, 3)
+    assert isinstance(vec.single_action_space, gym.spaces.Box)
+
+
+@pytest.mark.parametrize("variant_id,base_id,keep", list(variants()), ids=[v for v, _, _ in variants()])
+def test_masked_variant_keeps_exactly_the_documented_indices(variant_id, base_id, keep):
+    """Bug: a masked variant that leaks a velocity or drops a position (wrong slice)."""
+    masked = envs.make(variant_id, num_envs=1, seed=2)
+    full = envs.make(base_id, num_envs=1, seed=2)
+    assert masked.single_observation_space.shape == (len(keep),)
+    masked_obs, _ = masked.reset()
+    full_obs, _ = full.reset()
+    for action in random_actions(full, 3):
+        torch.testing.assert_close(masked_obs, full_obs[:, keep])
+        masked_obs = masked.step(action)[0]
+        full_obs = full.step(action)[0]
+    if variant_id.endswith("NoVel" + variant_id[variant_id.rindex("-") :]):
+        assert not set(keep) & set(VELOCITY_INDICES[base_id])
+        assert sorted(set(keep) | set(VELOCITY_INDICES[base_id])) == list(range(full_obs.shape[1]))
+    else:
+        assert keep == POSITION_INDICES[base_id]
+
+
+@pytest.mark.parametrize("base_id", sorted(VELOCITY_INDICES))
+def test_documented_velocity_indices_hold_the_simulator_velocities(base_id):
+    """Bug: the documented layout does not match the task (what NoVel hides is not the velocity)."""
+    env = gym.make(base_id)
+    obs, _ = env.reset(seed=0)
+    for _ in range(5):
+        obs, *_ = env.step(env.action_space.sample())
+    sim = env.unwrapped
+    if hasattr(sim, "data"):  # MuJoCo
+        velocity = sim.data.qvel.copy()
+        if base_id in ("Hopper-v5", "Walker2d-v5", "InvertedDoublePendulum-v5"):
+            velocity = np.clip(velocity, -10, 10)  # these tasks clip qvel in their observation
+        if base_id == "Humanoid-v5":
+            velocity = np.concatenate([velocity, sim.data.cvel[1:].ravel()])
+    else:  # classic control: state = (position, velocity)
+        velocity = np.asarray(sim.state[1:2])
+    np.testing.assert_allclose(obs[VELOCITY_INDICES[base_id]], velocity, rtol=1e-5, atol=1e-6)
+
+
+def test_variants_work_through_gymnasium_make_vec():
+    """Bug: variants only reachable through envs.make, not Gymnasium's registry."""
+    vec = gym.make_vec("PendulumNoVel-v1", num_envs=2)
+    obs, _ = vec.reset(seed=0)
+    assert obs.shape == (2, 2)
+    vec.close()
+
+
+def test_subset_reset_touches_only_the_masked_envs():
+    """Bug: resetting one env resets (or reseeds) the others too."""
+    vec = envs.make("HalfCheetah-v5", num_envs=3, seed=0)
+    vec.reset()
+    for action in random_actions(vec, 4):
+        obs, *_ = vec.step(action)
+    mask = torch.tensor([False, True, False])
+    new_obs, _ = vec.reset(options={"reset_mask": mask})
+    torch.testing.assert_close(new_obs[~mask], obs[~mask])
+    assert not torch.allclose(new_obs[1], obs[1])
+    assert new_obs[1, 8:].abs().max() < 0.5  # a fresh HalfCheetah starts nearly at rest
+    _, _, _, _, info = vec.step(torch.zeros(3, 6))
+    assert vec.episodes.lengths.tolist() == [5, 1, 5]
+
+
+def test_nonfinite_state_truncates_and_resets_only_that_env():
+    """Bug: one simulator blow-up kills the batch, or leaks NaN into the next observation."""
+    vec = envs.make("Pendulum-v1", num_envs=3, seed=0)
+    obs, _ = vec.reset()
+    obs, *_ = vec.step(torch.zeros(3, 1))
+    vec.env.envs[1].unwrapped.state = np.array([np.nan, np.nan])
+    new_obs, reward, terminated, truncated, info = vec.step(torch.zeros(3, 1))
+    assert info["sim_errors"].tolist() == [False, True, False]
+    assert truncated.tolist() == [False, True, False] and not terminated.any()
+    assert torch.isfinite(new_obs).all() and torch.isfinite(reward).all()
+    torch.testing.assert_close(info["final_obs"][1], obs[1])  # the last finite observation
+    assert info["episode"]["mask"].tolist() == [False, True, False]
+    for _ in range(3):
+        assert torch.isfinite(vec.step(torch.zeros(3, 1))[0]).all()
+
+
+def test_unknown_env_id_names_the_id_and_suggests_a_fix():
+    with pytest.raises(ValueError, match=r"unknown env id 'HalfCheeta-v5'.*HalfCheetah-v5"):
+        envs.make("HalfCheeta-v5")
+
+
+def test_discrete_action_task_is_rejected_with_a_clear_error():
+    with pytest.raises(ValueError, match="continuous"):
+        envs.make("CartPole-v1")
+
+
+@pytest.mark.parametrize("kwargs,match", [({"num_envs": 0}, "num_envs"), ({"vectorization_mode": "threads"}, "vectorization_mode")])
+def test_bad_arguments_raise_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        envs.make("Pendulum-v1", **kwargs)
+
+
+def test_bad_reset_mask_is_rejected():
+    vec = envs.make("Pendulum-v1", num_envs=2)
+    vec.reset()
+    with pytest.raises(ValueError, match="reset_mask"):
+        vec.reset(options={"reset_mask": torch.tensor([1, 0])})

@@ -1,0 +1,210 @@
+"""The envs/ contract on the Genesis task FrankaReach-v0 (CPU backend, a few envs).
+
+Each Genesis scene build takes several seconds (the first one in a fresh cache compiles kernels for
+over a minute), so the scenes are module fixtures shared by the tests that only read them.
+"""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import envs
+from envs.franka import FrankaReachVecEnv
+
+EPISODE = 10
+
+
+def actions(num_envs, steps, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return [scale * (2 * torch.rand(num_envs, 7, generator=g) - 1) for _ in range(steps)]
+
+
+@pytest.fixture(scope="module")
+def short_and_long():
+    """Two single-env scenes, same seed, episodes of EPISODE and 3*EPISODE steps, no staggering."""
+    kwargs = dict(num_envs=1, seed=7, sim_device="cpu", stagger_episodes=False)
+    short = envs.make("FrankaReach-v0", max_episode_steps=EPISODE, **kwargs)
+    long = envs.make("FrankaReach-v0", max_episode_steps=3 * EPISODE, **kwargs)
+    yield short, long
+    short.close()
+    long.close()
+
+
+@pytest.fixture(scope="module")
+def batch():
+    vec = gym.make_vec("FrankaReach-v0", num_envs=4, seed=0, sim_device="cpu", max_episode_steps=20)
+    yield vec
+    vec.close()
+
+
+def test_registered_vector_entry_point_builds_the_native_batched_env(batch):
+    """Bug: gym.make_vec wraps the Genesis task in a per-env SyncVectorEnv (or fails) instead."""
+    assert isinstance(batch, FrankaReachVecEnv)
+    obs, _ = batch.reset(seed=0)
+    assert obs.shape == (4, 33) and obs.dtype == torch.float32 and obs.device.type == "cpu"
+    assert batch.single_action_space.shape == (7,)
+
+
+def test_final_obs_is_the_last_obs_of_the_truncated_episode(short_and_long):
+    """Bug: bootstrapping a time-limited episode from the reset observation (new target, home pose)."""
+    short, long = short_and_long
+    short_obs, _ = short.reset(seed=7)
+    long_obs, _ = long.reset(seed=7)
+    torch.testing.assert_close(short_obs, long_obs)
+    for t, action in enumerate(actions(1, EPISODE, scale=0.5)):
+        short_obs, _, terminated, truncated, info = short.step(action)
+        long_obs, _, _, long_truncated, _ = long.step(action)
+        assert not terminated.any() and not long_truncated.any()
+        assert truncated.item() == (t == EPISODE - 1)
+        # The short env's final_obs is what the long env (no reset yet) sees at the same step.
+        torch.testing.assert_close(info["final_obs"], long_obs, atol=1e-5, rtol=1e-5)
+    assert info["episode"]["mask"].item() and info["episode"]["l"].item() == EPISODE
+    # The returned obs already belongs to the next episode: new target, joints at rest near home.
+    assert not torch.allclose(short_obs[0, 27:30], long_obs[0, 27:30]) or not torch.allclose(short_obs, long_obs)
+    assert short_obs[0, 7:14].abs().max() < 1e-4  # joint velocities are zero after the reset
+
+
+def test_same_seed_reproduces_the_trajectory_and_another_seed_does_not(short_and_long):
+    """Bug: targets or initial poses drawn from an unseeded generator."""
+    short, long = short_and_long
+    trajectories = []
+    for env, seed in ((short, 3), (long, 3), (long, 4)):
+        obs, _ = env.reset(seed=seed)
+        steps = [obs]
+        for action in actions(1, 5, seed=1):
+            steps.append(env.step(action)[0])
+        trajectories.append(torch.stack(steps))
+    torch.testing.assert_close(trajectories[0], trajectories[1], atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(trajectories[0], trajectories[2])
+
+
+def test_observed_previous_action_is_the_action_just_applied(batch):
+    """Bug: the observation shows the action from two steps ago (updated after observing)."""
+    batch.reset(seed=9)
+    for action in actions(4, 3, seed=9, scale=0.5):
+        obs = batch.step(action)[0]
+        torch.testing.assert_close(obs[:, 26:33], action)
+
+
+def test_episode_statistics_are_raw_and_success_only_at_episode_end(batch):
+    """Bug: returns that are not the sum of raw rewards, or success reported mid-episode."""
+    batch.reset(seed=1)
+    running = torch.zeros(4, dtype=torch.float64)
+    lengths = torch.zeros(4, dtype=torch.int64)
+    ended = 0
+    for action in actions(4, 45, seed=2, scale=0.3):
+        _, reward, terminated, truncated, info = batch.step(action)
+        running += reward.double()
+        lengths += 1
+        assert not terminated.any()  # reaching has no terminal state
+        assert not (info["success"] & ~truncated).any()
+        if truncated.any():
+            torch.testing.assert_close(info["episode"]["r"][truncated], running[truncated].float())
+            assert torch.equal(info["episode"]["l"][truncated], lengths[truncated])
+            ended += int(truncated.sum())
+        running[truncated] = 0
+        lengths[truncated] = 0
+    assert ended >= 8
+
+
+def test_first_episodes_are_staggered_so_envs_do_not_truncate_together(batch):
+    """Bug: all envs end on the same step, so each short rollout sees only one phase of the episode."""
+    batch._seeded = False  # the next reset counts as the first one, as after make
+    batch.reset(seed=3)
+    end_steps = set()
+    for t, action in enumerate(actions(4, 20)):
+        truncated = batch.step(action)[3]
+        end_steps.update((t, i) for i in truncated.nonzero().flatten().tolist())
+    assert len({t for t, _ in end_steps}) > 1
+
+
+def test_reward_terms_are_finite_sum_to_the_reward_and_have_the_documented_signs(batch):
+    """Bug: a reward term with the wrong sign (rewarding jerky motion) or one left out of the sum."""
+    batch.reset(seed=4)
+    seen = {}
+    for action in actions(4, 30, seed=5):
+        _, reward, _, _, info = batch.step(action)
+        terms = info["reward_terms"]
+        assert set(terms) == {"distance", "success_bonus", "action_rate", "joint_velocity"}
+        torch.testing.assert_close(sum(terms.values()), reward)
+        for name, value in terms.items():
+            assert torch.isfinite(value).all()
+            seen.setdefault(name, []).append(value)
+    seen = {name: torch.cat(values) for name, values in seen.items()}
+    assert (seen["distance"] < 0).all()
+    assert (seen["success_bonus"] >= 0).all()
+    assert (seen["action_rate"] <= 0).all() and (seen["action_rate"] < 0).any()
+    assert (seen["joint_velocity"] <= 0).all() and (seen["joint_velocity"] < 0).any()
+
+
+def test_subset_reset_touches_only_the_masked_envs(batch):
+    """Bug: resetting one env moves the others' arms or redraws their targets."""
+    batch.reset(seed=5)
+    for action in actions(4, 5, seed=6):
+        obs = batch.step(action)[0]
+    steps_before = batch.episode_step.clone()
+    mask = torch.tensor([False, False, True, False])
+    new_obs, _ = batch.reset(options={"reset_mask": mask})
+    torch.testing.assert_close(new_obs[~mask], obs[~mask])
+    assert not torch.allclose(new_obs[2], obs[2])
+    assert batch.episode_step[2] == 0 and torch.equal(batch.episode_step[~mask], steps_before[~mask])
+
+
+def test_nonfinite_state_in_one_env_resets_that_env_only(batch):
+    """Bug: one diverged arm raises for the whole batch or poisons the rollout with NaN."""
+    batch.reset(seed=6)
+    obs = batch.step(torch.zeros(4, 7))[0]
+    errors_before = batch.sim_error_count
+    nan = torch.full((1, 9), float("nan"))
+    batch.robot.set_dofs_velocity(nan, envs_idx=[1])
+    new_obs, reward, terminated, truncated, info = batch.step(torch.zeros(4, 7))
+    assert info["sim_errors"].tolist() == [False, True, False, False]
+    assert truncated[1] and not terminated.any()
+    assert torch.isfinite(new_obs).all() and torch.isfinite(reward).all()
+    torch.testing.assert_close(info["final_obs"][1], obs[1])
+    assert batch.sim_error_count == errors_before + 1
+    for _ in range(12):  # past Genesis's periodic whole-batch error check
+        assert torch.isfinite(batch.step(torch.zeros(4, 7))[0]).all()
+
+
+def test_out_of_range_actions_saturate_instead_of_exploding(batch):
+    """Bug: an unclipped action drives the joint command far outside its limits."""
+    batch.reset(seed=8)
+    for _ in range(5):
+        _, reward, _, _, info = batch.step(torch.full((4, 7), 50.0))
+    assert torch.isfinite(reward).all()
+    assert (batch.arm_target >= batch.arm_lower - 1e-6).all() and (batch.arm_target <= batch.arm_upper + 1e-6).all()
+    assert (info["reward_terms"]["action_rate"] >= -0.01 * 4 * 7 - 1e-6).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"decimation": 0}, "decimation"),
+        ({"max_episode_steps": -1}, "max_episode_steps"),
+        ({"action_scale": 0.0}, "action_scale"),
+        ({"render_mode": "human"}, "render_mode"),
+        ({"sim_device": "tpu"}, "sim_device"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        envs.make("FrankaReach-v0", num_envs=2, **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without a GPU")
+def test_gpu_simulation_without_a_gpu_is_a_clear_error():
+    with pytest.raises(ValueError, match="sim_device='gpu'.*sim_device='cpu'"):
+        envs.make("FrankaReach-v0", num_envs=2, sim_device="gpu")
+
+
+def test_headless_video_frame_of_env_zero():
+    """Bug: --capture-video needs a display, or renders a blank frame."""
+    vec = envs.make("FrankaReach-v0", num_envs=2, sim_device="cpu", render_mode="rgb_array")
+    vec.reset()
+    vec.step(torch.zeros(2, 7))
+    frame = vec.render()
+    vec.close()
+    assert frame.shape == (360, 480, 3) and frame.dtype == np.uint8
+    assert frame.std() > 5  # not a blank image
