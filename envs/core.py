@@ -47,6 +47,13 @@ def as_bool_mask(reset_mask, num_envs: int) -> torch.Tensor:
     return mask
 
 
+def _wrapper_chain(env: gym.Env) -> list[gym.Env]:
+    chain = [env]
+    while hasattr(chain[-1], "env"):
+        chain.append(chain[-1].env)
+    return chain
+
+
 class GymnasiumVecEnv:
     """Any Gymnasium id as a batch of envs that takes and returns torch tensors on `device`.
 
@@ -142,6 +149,56 @@ class GymnasiumVecEnv:
             "sim_errors": self._tensor(sim_errors, torch.bool),
         }
         return self._tensor(obs), reward_t, terminated_t, truncated_t, info
+
+    def state_dict(self) -> dict:
+        """Simulator state, RNGs and time limits of every env, as tensors and ints (for exact resume).
+
+        Covers classic-control tasks (`state`) and MuJoCo tasks (qpos, qvel, act, warm start, time); other
+        tasks raise, and a resumed run then starts them from a fresh reset.
+        """
+        if not isinstance(self.env, gym.vector.SyncVectorEnv):
+            raise NotImplementedError("env state is saved for vectorization_mode='sync' only")
+        per_env = []
+        for env in self.env.envs:
+            sim, state = env.unwrapped, {}
+            if hasattr(sim, "data") and hasattr(sim.data, "qpos"):  # MuJoCo
+                for key in ("qpos", "qvel", "act", "qacc_warmstart"):
+                    state[key] = torch.from_numpy(getattr(sim.data, key).copy())
+                state["time"] = float(sim.data.time)
+            elif isinstance(getattr(sim, "state", None), np.ndarray):  # classic control
+                state["state"] = torch.from_numpy(sim.state.copy())
+            else:
+                raise NotImplementedError(f"no saved-state support for {type(sim).__name__}")
+            state["np_random"] = sim.np_random.bit_generator.state
+            state["elapsed_steps"] = [getattr(w, "_elapsed_steps", None) for w in _wrapper_chain(env)]
+            per_env.append(state)
+        return {
+            "envs": per_env,
+            "last_obs": torch.from_numpy(np.asarray(self._last_obs)),
+            "returns": self.episodes.returns.cpu(),
+            "lengths": self.episodes.lengths.cpu(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for env, saved in zip(self.env.envs, state["envs"], strict=True):
+            sim = env.unwrapped
+            if "qpos" in saved:
+                for key in ("qpos", "qvel", "act", "qacc_warmstart"):
+                    getattr(sim.data, key)[:] = saved[key].numpy()
+                sim.data.time = saved["time"]
+                import mujoco
+
+                mujoco.mj_forward(sim.model, sim.data)
+            else:
+                sim.state = saved["state"].numpy().copy()
+            sim.np_random.bit_generator.state = saved["np_random"]
+            for wrapper, steps in zip(_wrapper_chain(env), saved["elapsed_steps"], strict=True):
+                if steps is not None:
+                    wrapper._elapsed_steps = steps
+        self._last_obs = state["last_obs"].numpy().copy()
+        self.episodes.returns.copy_(state["returns"])
+        self.episodes.lengths.copy_(state["lengths"])
+        self._seeded = True
 
     def render(self) -> np.ndarray:
         """The RGB frame of env 0 (make the env with render_mode="rgb_array")."""

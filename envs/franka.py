@@ -227,14 +227,18 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
         self.robot.set_dofs_position(qpos, envs_idx=idx, zero_velocity=True)
         self.robot.control_dofs_position(qpos, envs_idx=idx)
 
+    def _send_command(self) -> None:
+        """Arm joints track `arm_target`; the fingers are held open."""
+        fingers = self.home_qpos[NUM_ARM_JOINTS:].expand(self.num_envs, 2)
+        self.robot.control_dofs_position(torch.cat([self.arm_target, fingers], dim=-1))
+
     def step(self, action: torch.Tensor):
         import genesis as gs
 
         # Out-of-range actions saturate, as a real actuator command would; keeps every reward term bounded.
         action = action.to(gs.device, torch.float32).clamp(-1.0, 1.0)
         self.arm_target = (self.arm_target + self.action_scale * action).clamp(self.arm_lower, self.arm_upper)
-        command = torch.cat([self.arm_target, self.home_qpos[NUM_ARM_JOINTS:].expand(self.num_envs, 2)], dim=-1)
-        self.robot.control_dofs_position(command)
+        self._send_command()
 
         failed = torch.zeros(self.num_envs, dtype=torch.bool, device=gs.device)
         for _ in range(self.decimation):
@@ -287,6 +291,39 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
             "sim_errors": failed.to(out),
         }
         return obs.to(out), reward, terminated.to(out), truncated, info
+
+    def state_dict(self) -> dict:
+        """Arm state, commands, targets, counters and the RNG, as tensors (for resuming a run)."""
+        return {
+            "qpos": self.robot.get_qpos().cpu(),
+            "dofs_velocity": self.robot.get_dofs_velocity().cpu(),
+            "arm_target": self.arm_target.cpu(),
+            "prev_action": self.prev_action.cpu(),
+            "target_pos": self.target_pos.cpu(),
+            "episode_step": self.episode_step.cpu(),
+            "generator": self.generator.get_state(),
+            "last_obs": self._last_obs.cpu(),
+            "returns": self.episodes.returns.cpu(),
+            "lengths": self.episodes.lengths.cpu(),
+            "sim_error_count": self.sim_error_count,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores `state_dict()`. Genesis's solver warm start is not part of it, so a resumed run matches
+        an uninterrupted one closely but not bit for bit."""
+        import genesis as gs
+
+        self.robot.set_qpos(state["qpos"].to(gs.device), zero_velocity=False)
+        self.robot.set_dofs_velocity(state["dofs_velocity"].to(gs.device))
+        for name in ("arm_target", "prev_action", "target_pos", "episode_step"):
+            getattr(self, name).copy_(state[name])
+        self._send_command()
+        self.generator.set_state(state["generator"])
+        self._last_obs = state["last_obs"].to(gs.device)
+        self.episodes.returns.copy_(state["returns"])
+        self.episodes.lengths.copy_(state["lengths"])
+        self.sim_error_count = state["sim_error_count"]
+        self._seeded = True
 
     def render(self) -> np.ndarray:
         """RGB frame of env 0 (make the env with render_mode="rgb_array")."""

@@ -1,0 +1,774 @@
+"""PPO for continuous actions with an MLP actor and critic, in one file (CleanRL style).
+
+    python ppo_continuous.py                                  # FrankaReach-v0 (Genesis), tuned defaults
+    python ppo_continuous.py --env-id HalfCheetah-v5 --seed 2
+    python ppo_continuous.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 1000
+
+Documented in README.md, section "ppo_continuous.py". Defaults that are None come from PRESETS
+(GPU-parallel robotics settings for Genesis tasks, CleanRL's for Gymnasium tasks).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions import Normal
+from torch.utils.tensorboard import SummaryWriter
+
+import envs
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment, part of the run directory"""
+    seed: int = 1
+    """seed of the experiment (torch, numpy, python and the environments)"""
+    torch_deterministic: bool = True
+    """sets `torch.backends.cudnn.deterministic`"""
+    cuda: bool = False
+    """CleanRL's flag: shorthand for --policy-device cuda --sim-device cuda"""
+    policy_device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where the networks, normalisers and rollout buffers live (auto: cuda if available)"""
+    sim_device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where Genesis simulates (auto: cuda if available); Gymnasium tasks always step on the CPU"""
+    track: bool = False
+    """log to Weights & Biases as well as TensorBoard (WANDB_MODE=offline works without a network)"""
+    wandb_project_name: str = "ppo-continuous"
+    """the W&B project"""
+    wandb_entity: str | None = None
+    """the W&B entity (team or user)"""
+    capture_video: bool = False
+    """record an episode of env 0 every --video-interval iterations to the run's videos/ folder"""
+    video_interval: int = 100
+    """iterations between recorded training episodes"""
+    progress_bar: bool = True
+    """show a tqdm progress bar with SPS and the recent return"""
+
+    env_id: str = "FrankaReach-v0"
+    """the task: FrankaReach-v0, any Gymnasium id with Box spaces, or a variant from envs.partial"""
+    num_envs: int | None = None
+    """parallel environments (None: preset)"""
+    vectorization_mode: Literal["sync", "async"] = "sync"
+    """Gymnasium tasks: step envs in this process or one subprocess each"""
+    total_timesteps: int | None = None
+    """environment steps to train for (None: preset)"""
+
+    learning_rate: float | None = None
+    """Adam learning rate (the initial one with --anneal-lr or --adaptive-kl; None: preset)"""
+    anneal_lr: bool | None = None
+    """anneal the learning rate linearly to 0, once per iteration (None: preset; off with --adaptive-kl)"""
+    adaptive_kl: float | None = None
+    """desired KL of rsl_rl's adaptive learning rate, adjusted per minibatch (0 turns it off; None: preset)"""
+    num_steps: int | None = None
+    """steps per env per rollout (None: preset)"""
+    gamma: float | None = None
+    """discount factor (None: preset)"""
+    gae_lambda: float | None = None
+    """lambda of generalised advantage estimation (None: preset)"""
+    num_minibatches: int | None = None
+    """minibatches per epoch (None: preset)"""
+    update_epochs: int | None = None
+    """epochs over each rollout (None: preset)"""
+    norm_adv: bool = True
+    """normalise advantages per minibatch"""
+    clip_coef: float = 0.2
+    """PPO's surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """clip the value loss around the rollout's values, as in the PPO paper's code"""
+    ent_coef: float | None = None
+    """entropy bonus coefficient (None: preset)"""
+    vf_coef: float | None = None
+    """value loss coefficient (None: preset)"""
+    max_grad_norm: float | None = None
+    """global gradient-norm clip over all parameters (None: preset)"""
+    target_kl: float | None = None
+    """stop the epochs of an iteration once approx_kl exceeds this (None: never)"""
+
+    hidden_sizes: tuple[int, ...] | None = None
+    """hidden layer widths of the actor and of the critic (None: preset)"""
+    activation: Literal["tanh", "elu", "relu"] | None = None
+    """hidden activation (None: preset)"""
+    init_log_std: float | None = None
+    """initial log standard deviation of the Gaussian policy (None: preset)"""
+    action_transform: Literal["clip", "tanh"] = "clip"
+    """clip: the env gets the Gaussian sample clipped to its bounds; tanh: squashed into them (with the log-det term)"""
+    norm_obs: bool = True
+    """normalise observations with running statistics from rollout data"""
+    norm_reward: bool = True
+    """scale rewards by the running standard deviation of the discounted return"""
+    compile: bool = False
+    """torch.compile the policy and the loss (first iterations are slower while it compiles)"""
+
+    checkpoint_interval: int = 50
+    """iterations between checkpoints (one is always written at the end and on Ctrl-C)"""
+    resume: str | None = None
+    """checkpoint file or run directory to continue (same run directory, step counter and curves)"""
+    eval_checkpoint: str | None = None
+    """evaluate this checkpoint instead of training"""
+    eval_episodes: int = 10
+    """episodes to evaluate (each env contributes the same number of episodes)"""
+    env_kwargs: dict[str, float | int | bool | str] | None = None
+    """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4"""
+
+    # filled in at runtime
+    batch_size: int = 0
+    """num_envs * num_steps"""
+    minibatch_size: int = 0
+    """batch_size // num_minibatches"""
+    num_iterations: int = 0
+    """total_timesteps // batch_size"""
+
+
+# Genesis arms: many parallel envs, short rollouts, large batches, adaptive KL (as rsl_rl and legged_gym).
+# Gymnasium tasks: CleanRL's ppo_continuous_action defaults. Per-task entries override their family.
+PRESETS = {
+    "genesis": dict(
+        num_envs=1024, total_timesteps=12_000_000, learning_rate=1e-3, anneal_lr=False, adaptive_kl=0.01,
+        num_steps=24, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=5, ent_coef=0.0,
+        vf_coef=1.0, max_grad_norm=1.0, hidden_sizes=(256, 128, 64), activation="elu", init_log_std=0.0,
+    ),
+    "gymnasium": dict(
+        num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, anneal_lr=True, adaptive_kl=0.0,
+        num_steps=2048, gamma=0.99, gae_lambda=0.95, num_minibatches=32, update_epochs=10, ent_coef=0.0,
+        vf_coef=0.5, max_grad_norm=0.5, hidden_sizes=(64, 64), activation="tanh", init_log_std=0.0,
+    ),
+    "Pendulum-v1": dict(
+        num_envs=4, total_timesteps=200_000, learning_rate=1e-3, num_steps=1024, gamma=0.9,
+        num_minibatches=64, init_log_std=-0.5,
+    ),
+}
+
+
+def resolve_args(args: Args) -> Args:
+    """Fills None fields from the presets, derives batch sizes and checks the flags."""
+    family = "genesis" if args.env_id in envs.GENESIS_IDS else "gymnasium"
+    preset = {**PRESETS[family], **PRESETS.get(args.env_id, {})}
+    for name, value in preset.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.adaptive_kl:
+        args.anneal_lr = False
+    if args.cuda:
+        args.policy_device = args.sim_device = "cuda"
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    args.batch_size = args.num_envs * args.num_steps
+    if args.batch_size % args.num_minibatches:
+        raise ValueError(
+            f"the batch (--num-envs {args.num_envs} x --num-steps {args.num_steps} = {args.batch_size}) does not "
+            f"divide into --num-minibatches {args.num_minibatches}; choose a divisor of {args.batch_size}"
+        )
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.num_iterations < 1:
+        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.checkpoint_interval < 1:
+        raise ValueError("--checkpoint-interval must be at least 1")
+    return args
+
+
+def pick_device(name: str, flag: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{flag} cuda (or --cuda) was given but torch sees no CUDA GPU; use {flag} cpu")
+    return torch.device(name)
+
+
+def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance, merged batch by batch as (count, mean, M2) (Chan et al.), so that
+    statistics from several workers can be merged the same way."""
+
+    def __init__(self, shape=(), epsilon: float = 1e-4):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        x = x.double()
+        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        m2 = self.var * self.count + batch_var * batch_count + delta.square() * self.count * batch_count / total
+        self.mean += delta * batch_count / total
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+
+class ObsNormalizer(RunningMeanStd):
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return ((obs - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0).float()
+
+
+class RewardScaler(nn.Module):
+    """Divides rewards by the running std of each env's discounted return (as Gymnasium's NormalizeReward,
+    but the running return restarts after the episode that ended, not before its last reward)."""
+
+    def __init__(self, num_envs: int, gamma: float):
+        super().__init__()
+        self.gamma = gamma
+        self.return_rms = RunningMeanStd()
+        self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64))
+
+    @torch.no_grad()
+    def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        self.returns.mul_(self.gamma).add_(reward)
+        self.return_rms.update(self.returns)
+        self.returns.masked_fill_(done, 0.0)
+        return (reward / torch.sqrt(self.return_rms.var + 1e-8)).float()
+
+
+ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU}
+
+
+def mlp(in_dim: int, hidden_sizes, out_dim: int, activation: str, out_std: float) -> nn.Sequential:
+    layers, width = [], in_dim
+    for size in hidden_sizes:
+        layers += [layer_init(nn.Linear(width, size)), ACTIVATIONS[activation]()]
+        width = size
+    return nn.Sequential(*layers, layer_init(nn.Linear(width, out_dim), std=out_std))
+
+
+class Agent(nn.Module):
+    """Gaussian policy with a state-independent log-std, and a separate critic.
+
+    The stored and scored action is the raw Gaussian sample `u`. The env gets `u` clipped to the action
+    bounds (`clip`), or squashed into them (`tanh`), in which case the log-probability includes the
+    change of variables: log|d a / d u| = sum log(half_range * (1 - tanh(u)^2)).
+    """
+
+    def __init__(self, obs_dim, act_dim, hidden_sizes, activation, init_log_std, action_low, action_high, transform):
+        super().__init__()
+        self.critic = mlp(obs_dim, hidden_sizes, 1, activation, out_std=1.0)
+        self.actor_mean = mlp(obs_dim, hidden_sizes, act_dim, activation, out_std=0.01)
+        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), float(init_log_std)))
+        self.transform = transform
+        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
+        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)
+
+    def distribution(self, obs: torch.Tensor) -> Normal:
+        mean = self.actor_mean(obs)
+        return Normal(mean, self.actor_logstd.expand_as(mean).exp())
+
+    def log_prob(self, dist: Normal, action: torch.Tensor) -> torch.Tensor:
+        log_prob = dist.log_prob(action).sum(-1)
+        if self.transform == "tanh":
+            # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): finite for any u, unlike log(1 - tanh^2)
+            log_det = 2.0 * (math.log(2.0) - action - nn.functional.softplus(-2.0 * action))
+            log_prob = log_prob - (log_det + torch.log((self.action_high - self.action_low) / 2)).sum(-1)
+        return log_prob
+
+    def act(self, obs: torch.Tensor):
+        dist = self.distribution(obs)
+        action = dist.sample()
+        return action, self.log_prob(dist, action), self.get_value(obs)
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor):
+        dist = self.distribution(obs)
+        return self.log_prob(dist, action), dist.entropy().sum(-1), self.get_value(obs)
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        if self.transform == "tanh":
+            return self.action_low + (torch.tanh(action) + 1) * (self.action_high - self.action_low) / 2
+        return action.clamp(self.action_low, self.action_high)
+
+    def mean_action(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.env_action(self.actor_mean(obs))
+
+
+def compute_gae(rewards, values, last_value, final_values, terminated, truncated, gamma, gae_lambda):
+    """Generalised advantage estimation over a (num_steps, num_envs) rollout.
+
+    The value of the state after step t is: 0 if the episode terminated there; V(final_obs) of the ended
+    episode if it was truncated; otherwise V of the next stored observation (`last_value` after the last step).
+    Advantages never flow across an episode boundary. Returns (advantages, returns = advantages + values).
+    """
+    next_values = torch.cat([values[1:], last_value[None]])
+    next_values = torch.where(truncated, final_values, next_values)
+    next_values = torch.where(terminated, torch.zeros_like(next_values), next_values)
+    not_done = (~(terminated | truncated)).to(rewards.dtype)
+    deltas = rewards + gamma * next_values - values
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(last_value)
+    for t in reversed(range(rewards.shape[0])):
+        running = deltas[t] + gamma * gae_lambda * not_done[t] * running
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+def ppo_loss(agent, obs, actions, old_logprobs, advantages, returns, old_values, args: Args):
+    """The clipped PPO objective on one minibatch; returns (loss, stats). Advantages are normalised here
+    (per minibatch); returns are the value targets as they are."""
+    new_logprobs, entropy, new_values = agent.evaluate(obs, actions)
+    logratio = new_logprobs - old_logprobs
+    ratio = logratio.exp()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    if args.clip_vloss:
+        clipped = old_values + (new_values - old_values).clamp(-args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((new_values - returns).square(), (clipped - returns).square()).mean()
+    else:
+        v_loss = 0.5 * (new_values - returns).square().mean()
+    entropy = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+    with torch.no_grad():
+        stats = {
+            "policy_loss": pg_loss,
+            "value_loss": v_loss,
+            "entropy": entropy,
+            "old_approx_kl": (-logratio).mean(),
+            "approx_kl": ((ratio - 1) - logratio).mean(),
+            "clipfrac": ((ratio - 1).abs() > args.clip_coef).float().mean(),
+            "ratio_max_dev": (ratio - 1).abs().max(),
+        }
+    return loss, stats
+
+
+def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
+    """Per-parameter gradient L2 and max-abs norms (before clipping)."""
+    norms = {}
+    for name, param in agent.named_parameters():
+        if param.grad is not None:
+            norms[f"grad_l2/{name}"] = param.grad.norm()
+            norms[f"grad_max/{name}"] = param.grad.abs().max()
+    return norms
+
+
+def run_name_of(args: Args) -> str:
+    return f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+
+def save_checkpoint(run_dir: str, state: dict) -> str:
+    """Writes checkpoint_<iteration>.pt and points checkpoint.pt (the latest) at it. Atomic: a crash
+    mid-write leaves the previous checkpoints intact."""
+    path = os.path.join(run_dir, f"checkpoint_{state['iteration']:06d}.pt")
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    latest = os.path.join(run_dir, "checkpoint.pt")
+    try:
+        os.link(path, latest + ".tmp")
+    except FileExistsError:
+        os.remove(latest + ".tmp")
+        os.link(path, latest + ".tmp")
+    os.replace(latest + ".tmp", latest)
+    return path
+
+
+def load_checkpoint(path: str) -> dict:
+    if os.path.isdir(path):
+        path = os.path.join(path, "checkpoint.pt")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path!r}; pass a checkpoint.pt or a run directory from runs/")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render: bool = False, **overrides):
+    kwargs = dict(args.env_kwargs or {}, **overrides)
+    if args.env_id in envs.GENESIS_IDS:
+        kwargs["sim_device"] = "cpu" if args.sim_device == "cpu" else ("gpu" if args.sim_device == "cuda" else "auto")
+    else:
+        kwargs["vectorization_mode"] = args.vectorization_mode
+    if render:
+        kwargs["render_mode"] = "rgb_array"
+    return envs.make(args.env_id, num_envs=num_envs, seed=seed, device=device, **kwargs)
+
+
+def build_agent(args: Args, vec, device: torch.device) -> tuple[Agent, ObsNormalizer]:
+    obs_dim = vec.single_observation_space.shape[0]
+    space = vec.single_action_space
+    if args.action_transform == "tanh" and not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+        raise ValueError(f"--action-transform tanh needs finite action bounds; {args.env_id} has {space}")
+    agent = Agent(
+        obs_dim, space.shape[0], args.hidden_sizes, args.activation, args.init_log_std,
+        space.low, space.high, args.action_transform,
+    ).to(device)
+    return agent, ObsNormalizer((obs_dim,)).to(device)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = deterministic
+
+
+def write_video(frames: list, path: str, fps: float) -> None:
+    import imageio.v2 as imageio
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
+
+
+def train(args: Args) -> dict:
+    """Trains, logs to runs/<run>/ and returns a summary: final returns, global step, run directory and the
+    per-iteration metrics (`history`)."""
+    checkpoint = None
+    if args.resume:
+        checkpoint = load_checkpoint(args.resume)
+        saved = checkpoint["args"]
+        resume_from = args.resume
+        args = Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved})
+        args.resume = resume_from
+        args.hidden_sizes = tuple(args.hidden_sizes)
+    args = resolve_args(args)
+    policy_device = pick_device(args.policy_device, "--policy-device")
+    if args.env_id in envs.GENESIS_IDS:
+        pick_device(args.sim_device, "--sim-device")
+    seed_everything(args.seed, args.torch_deterministic)
+
+    if checkpoint is not None:
+        run_dir = checkpoint["run_dir"]
+    else:
+        run_dir = os.path.join("runs", run_name_of(args))
+    os.makedirs(run_dir, exist_ok=True)
+
+    vec = make_env(args, args.num_envs, args.seed, policy_device, render=args.capture_video)
+    agent, obs_norm = build_agent(args, vec, policy_device)
+    reward_scaler = RewardScaler(args.num_envs, args.gamma).to(policy_device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    act = torch.compile(agent.act) if args.compile else agent.act
+    loss_fn = torch.compile(ppo_loss) if args.compile else ppo_loss
+
+    global_step, start_iteration = 0, 1
+    next_obs_raw, _ = vec.reset(seed=args.seed)
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        obs_norm.load_state_dict(checkpoint["obs_normalizer"])
+        reward_scaler.load_state_dict(checkpoint["reward_scaler"])
+        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        np.random.set_state(("MT19937", checkpoint["rng"]["numpy"].numpy(), *checkpoint["rng"]["numpy_rest"]))
+        random.setstate(checkpoint["rng"]["python"])
+        if checkpoint.get("env") is not None:
+            vec.load_state_dict(checkpoint["env"])
+            next_obs_raw = checkpoint["next_obs_raw"].to(policy_device)
+        else:
+            print("[resume] this task's env state was not saved: envs start from a fresh reset")
+    elif args.norm_obs:
+        obs_norm.update(next_obs_raw)
+
+    writer = SummaryWriter(run_dir)
+    if checkpoint is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+        with open(os.path.join(run_dir, "args.json"), "w") as f:
+            json.dump(asdict(args), f, indent=2)
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=asdict(args),
+            name=os.path.basename(run_dir), dir=run_dir, resume="allow", id=os.path.basename(run_dir).replace("/", "_"),
+        )
+
+    T, N = args.num_steps, args.num_envs
+    obs_dim, act_dim = vec.single_observation_space.shape[0], vec.single_action_space.shape[0]
+    buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=policy_device)  # noqa: E731
+    obs_buf, final_obs_buf, actions_buf = buf(obs_dim), buf(obs_dim), buf(act_dim)
+    logprobs_buf, rewards_buf, values_buf = buf(), buf(), buf()
+    terminated_buf, truncated_buf = buf(dtype=torch.bool), buf(dtype=torch.bool)
+    ep_return_buf, ep_length_buf, ep_mask_buf, success_buf = buf(), buf(), buf(dtype=torch.bool), buf(dtype=torch.bool)
+    has_success = args.env_id in envs.GENESIS_IDS
+    recent_returns: list[float] = []
+    history: list[dict] = []
+
+    stop_requested = False
+
+    def request_stop(signum, frame):
+        nonlocal stop_requested
+        if stop_requested:
+            raise KeyboardInterrupt
+        stop_requested = True
+        print("\nCtrl-C: finishing this iteration, then saving a checkpoint (press again to abort)", flush=True)
+
+    def checkpoint_state(iteration: int) -> dict:
+        try:
+            env_state = vec.state_dict()
+        except NotImplementedError:
+            env_state = None
+        np_state = np.random.get_state()
+        return {
+            "args": asdict(args), "run_dir": run_dir, "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+            "obs_normalizer": obs_norm.state_dict(), "reward_scaler": reward_scaler.state_dict(),
+            "global_step": global_step, "iteration": iteration, "env": env_state, "next_obs_raw": next_obs_raw.cpu(),
+            "rng": {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(np_state[1].copy()),
+                    "numpy_rest": tuple(np_state[2:]), "python": random.getstate()},
+        }
+
+    previous_handler = signal.signal(signal.SIGINT, request_stop) if _in_main_thread() else None
+    progress = None
+    if args.progress_bar:
+        from tqdm import tqdm
+
+        progress = tqdm(total=args.num_iterations, initial=start_iteration - 1, unit="it", dynamic_ncols=True)
+    video_pending, video_frames = False, None
+    iteration = start_iteration - 1
+    next_obs = obs_norm(next_obs_raw) if args.norm_obs else next_obs_raw
+    try:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            if args.anneal_lr:
+                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+            if args.capture_video and (iteration - 1) % args.video_interval == 0:
+                video_pending = True
+            rollout_start = time.perf_counter()
+            reward_term_sums: dict[str, torch.Tensor] = {}
+            sim_errors = torch.zeros((), device=policy_device)
+            with torch.inference_mode():
+                for step in range(T):
+                    obs_buf[step] = next_obs
+                    action, logprob, value = act(next_obs)
+                    actions_buf[step], logprobs_buf[step], values_buf[step] = action, logprob, value
+                    next_obs_raw, reward, terminated, truncated, info = vec.step(agent.env_action(action))
+                    done = terminated | truncated
+                    if args.norm_obs:
+                        obs_norm.update(next_obs_raw)
+                        next_obs = obs_norm(next_obs_raw)
+                        final_obs_buf[step] = obs_norm(info["final_obs"])
+                    else:
+                        next_obs = next_obs_raw
+                        final_obs_buf[step] = info["final_obs"]
+                    rewards_buf[step] = reward_scaler(reward, done) if args.norm_reward else reward
+                    terminated_buf[step], truncated_buf[step] = terminated, truncated
+                    episode = info["episode"]
+                    ep_return_buf[step], ep_length_buf[step], ep_mask_buf[step] = episode["r"], episode["l"], episode["mask"]
+                    if has_success:
+                        success_buf[step] = info["success"]
+                    for name, term in info.get("reward_terms", {}).items():
+                        reward_term_sums[name] = reward_term_sums.get(name, 0.0) + term.mean()
+                    sim_errors += info["sim_errors"].sum()
+                    if video_pending or video_frames is not None:
+                        video_pending, video_frames = record_video_step(
+                            vec, done, video_pending, video_frames, run_dir, global_step + (step + 1) * N, writer
+                        )
+
+                last_value = agent.get_value(next_obs)
+                final_values = agent.get_value(final_obs_buf.flatten(0, 1)).view(T, N)
+                advantages, returns = compute_gae(
+                    rewards_buf, values_buf, last_value, final_values, terminated_buf, truncated_buf,
+                    args.gamma, args.gae_lambda,
+                )
+            global_step += T * N
+            rollout_time = time.perf_counter() - rollout_start
+
+            update_start = time.perf_counter()
+            b_obs, b_actions = obs_buf.flatten(0, 1), actions_buf.flatten(0, 1)
+            b_logprobs, b_values = logprobs_buf.flatten(), values_buf.flatten()
+            b_advantages, b_returns = advantages.flatten(), returns.flatten()
+            stat_sums: dict[str, torch.Tensor] = {}
+            first_minibatch: dict[str, torch.Tensor] = {}
+            num_updates, epochs_done = 0, 0
+            for epoch in range(args.update_epochs):
+                permutation = torch.randperm(args.batch_size, device=policy_device)
+                for start in range(0, args.batch_size, args.minibatch_size):
+                    idx = permutation[start : start + args.minibatch_size]
+                    loss, stats = loss_fn(
+                        agent, b_obs[idx], b_actions[idx], b_logprobs[idx], b_advantages[idx], b_returns[idx],
+                        b_values[idx], args,
+                    )
+                    if num_updates == 0:
+                        first_minibatch = {"ratio_max_dev": stats["ratio_max_dev"], "approx_kl": stats["approx_kl"]}
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    last_grad_norms = grad_norms(agent)
+                    stats["grad_norm_total"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    if args.adaptive_kl:
+                        kl = stats["approx_kl"].item()
+                        lr = optimizer.param_groups[0]["lr"]
+                        if kl > 2.0 * args.adaptive_kl:
+                            lr = max(1e-5, lr / 1.5)
+                        elif kl < 0.5 * args.adaptive_kl:
+                            lr = min(1e-2, lr * 1.5)
+                        optimizer.param_groups[0]["lr"] = lr
+                    for key, value in stats.items():
+                        stat_sums[key] = stat_sums.get(key, 0.0) + value
+                    num_updates += 1
+                epochs_done = epoch + 1
+                if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:
+                    break
+            update_time = time.perf_counter() - update_start
+
+            # One host transfer per iteration for everything that is logged.
+            with torch.no_grad():
+                y_pred, y_true = b_values, b_returns
+                var_y = y_true.var()
+                scalars = {f"losses/{k}": v / num_updates for k, v in stat_sums.items() if k not in ("ratio_max_dev",)}
+                scalars["losses/explained_variance"] = 1 - (y_true - y_pred).var() / var_y
+                scalars.update({
+                    "debug/first_minibatch_ratio_max_dev": first_minibatch["ratio_max_dev"],
+                    "debug/first_minibatch_approx_kl": first_minibatch["approx_kl"],
+                    "policy/action_std": agent.actor_logstd.exp().mean(),
+                    "policy/action_std_min": agent.actor_logstd.exp().min(),
+                    "policy/action_std_max": agent.actor_logstd.exp().max(),
+                    "values/mean": b_values.mean(), "values/std": b_values.std(),
+                    "values/returns_mean": b_returns.mean(), "values/returns_variance": var_y,
+                    "advantages/mean": b_advantages.mean(), "advantages/std": b_advantages.std(),
+                    "env/sim_errors": sim_errors,
+                })
+                scalars.update({f"reward_terms/{k}": v / T for k, v in reward_term_sums.items()})
+                scalars.update({f"gradients/{k}": v for k, v in last_grad_norms.items()})
+                finished_returns = ep_return_buf[ep_mask_buf]
+                finished_lengths = ep_length_buf[ep_mask_buf]
+                finished_success = success_buf[ep_mask_buf]
+            names = list(scalars)
+            values = torch.stack([torch.as_tensor(scalars[k], dtype=torch.float64).to(policy_device) for k in names])
+            metrics = dict(zip(names, values.cpu().tolist()))
+            finished_returns = finished_returns.cpu().tolist()
+            if finished_returns:
+                recent_returns = (recent_returns + finished_returns)[-100:]
+                metrics["charts/episodic_return"] = float(np.mean(finished_returns))
+                metrics["charts/episodic_return_std"] = float(np.std(finished_returns))
+                metrics["charts/episodic_length"] = float(finished_lengths.float().mean())
+                if has_success:
+                    metrics["charts/success_rate"] = float(finished_success.float().mean())
+            metrics["charts/learning_rate"] = optimizer.param_groups[0]["lr"]
+            metrics["charts/SPS"] = T * N / (rollout_time + update_time)
+            metrics["charts/update_epochs_done"] = epochs_done
+            metrics["time/rollout_s"] = rollout_time
+            metrics["time/update_s"] = update_time
+            metrics["time/rollout_fraction"] = rollout_time / (rollout_time + update_time)
+            for key, value in metrics.items():
+                writer.add_scalar(key, value, global_step)
+            history.append({"iteration": iteration, "global_step": global_step, **metrics})
+            if progress is not None:
+                progress.update(1)
+                postfix = {"SPS": f"{metrics['charts/SPS']:.0f}"}
+                if recent_returns:
+                    postfix["return"] = f"{np.mean(recent_returns):.1f}"
+                if "charts/success_rate" in metrics:
+                    postfix["success"] = f"{metrics['charts/success_rate']:.2f}"
+                progress.set_postfix(postfix)
+            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stop_requested:
+                save_checkpoint(run_dir, checkpoint_state(iteration))
+            if stop_requested:
+                break
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+        if progress is not None:
+            progress.close()
+        writer.close()
+        vec.close()
+        if args.track:
+            import wandb
+
+            wandb.finish()
+    return {
+        "run_dir": run_dir,
+        "checkpoint": os.path.join(run_dir, "checkpoint.pt"),
+        "global_step": global_step,
+        "iteration": iteration,
+        "mean_recent_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
+        "history": history,
+    }
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def record_video_step(vec, done, pending, frames, run_dir, global_step, writer):
+    """Records env 0 from the start of its next episode to that episode's end."""
+    if frames is not None:
+        frames.append(vec.render())
+        if bool(done[0]):
+            path = os.path.join(run_dir, "videos", f"train_{global_step}.mp4")
+            write_video(frames, path, fps=30)
+            print(f"saved {path}")
+            return False, None
+        return pending, frames
+    if pending and bool(done[0]):
+        return False, []
+    return pending, frames
+
+
+@torch.inference_mode()
+def evaluate(
+    checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
+) -> dict:
+    """Runs `episodes` deterministic (mean-action) episodes with the checkpoint's frozen normaliser.
+
+    Each env plays the same number of episodes, so short episodes are not over-counted. Genesis tasks start
+    every episode fresh (no staggering); the targets are new draws from a seed the training never used.
+    """
+    checkpoint = load_checkpoint(checkpoint_path)
+    saved = checkpoint["args"]
+    args = Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved})
+    args.hidden_sizes = tuple(args.hidden_sizes)
+    args.sim_device = sim_device
+    policy_device = pick_device(device, "--policy-device")
+    genesis = args.env_id in envs.GENESIS_IDS
+    num_envs = min(episodes, 1024 if genesis else 16)
+    per_env = math.ceil(episodes / num_envs)
+    overrides = {"stagger_episodes": False} if genesis else {}
+    vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, **overrides)
+    agent, obs_norm = build_agent(args, vec, policy_device)
+    agent.load_state_dict(checkpoint["model"])
+    obs_norm.load_state_dict(checkpoint["obs_normalizer"])
+    obs, _ = vec.reset()
+    returns = [[] for _ in range(num_envs)]
+    successes = [[] for _ in range(num_envs)]
+    frames = [] if capture_video else None
+    while min(len(r) for r in returns) < per_env:
+        action = agent.mean_action(obs_norm(obs) if args.norm_obs else obs)
+        obs, _, _, _, info = vec.step(action)
+        if frames is not None and len(returns[0]) == 0:
+            frames.append(vec.render())
+        episode = info["episode"]
+        for i in episode["mask"].nonzero().flatten().tolist():
+            if len(returns[i]) < per_env:
+                returns[i].append(float(episode["r"][i]))
+                if genesis:
+                    successes[i].append(bool(info["success"][i]))
+    vec.close()
+    flat_returns = [r for env_returns in returns for r in env_returns]
+    result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
+              "std_return": float(np.std(flat_returns))}
+    if genesis:
+        result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
+    if frames:
+        run_dir = os.path.dirname(os.path.abspath(checkpoint_path)) if not os.path.isdir(checkpoint_path) else checkpoint_path
+        result["video"] = os.path.join(run_dir, "videos", "eval.mp4")
+        write_video(frames, result["video"], fps=30)
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    cli_args = tyro.cli(Args)
+    try:
+        if cli_args.eval_checkpoint:
+            evaluate(cli_args.eval_checkpoint, cli_args.eval_episodes, cli_args.capture_video,
+                     cli_args.policy_device, cli_args.sim_device)
+        else:
+            train(cli_args)
+    except (ValueError, FileNotFoundError) as error:  # bad flags: the message names the flag and the fix
+        raise SystemExit(f"error: {error}") from None
