@@ -206,13 +206,14 @@ class RunningMeanStd(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
-        x = x.double()
-        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        batch_var, batch_mean = torch.var_mean(x.double(), dim=0, unbiased=False)
+        batch_count = x.shape[0]
         delta = batch_mean - self.mean
         total = self.count + batch_count
-        m2 = self.var * self.count + batch_var * batch_count + delta.square() * self.count * batch_count / total
-        self.mean += delta * batch_count / total
-        self.var.copy_(m2 / total)
+        # M2 = var * count; merged M2 = M2_a + M2_b + delta^2 * n_a * n_b / n
+        self.var.mul_(self.count).add_(batch_var * batch_count + delta.square() * (self.count * batch_count / total))
+        self.var.div_(total)
+        self.mean.add_(delta * (batch_count / total))
         self.count.copy_(total)
 
 
@@ -272,7 +273,7 @@ class Agent(nn.Module):
 
     def distribution(self, obs: torch.Tensor) -> Normal:
         mean = self.actor_mean(obs)
-        return Normal(mean, self.actor_logstd.expand_as(mean).exp())
+        return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
 
     def log_prob(self, dist: Normal, action: torch.Tensor) -> torch.Tensor:
         log_prob = dist.log_prob(action).sum(-1)

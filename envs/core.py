@@ -130,8 +130,10 @@ class GymnasiumVecEnv:
                 final_obs[i] = info["final_obs"][i]
 
         # A blow-up (non-finite state or reward) truncates that env and resets it; the batch goes on.
-        sim_errors = ~(np.isfinite(final_obs).all(axis=1) & np.isfinite(obs).all(axis=1) & np.isfinite(reward))
-        if sim_errors.any():
+        # One scalar check per step (a NaN or inf anywhere makes the sum non-finite); the mask only when needed.
+        sim_errors = np.zeros(self.num_envs, dtype=bool)
+        if not np.isfinite(final_obs.sum(dtype=np.float64) + obs.sum(dtype=np.float64) + reward.sum()):
+            sim_errors = ~(np.isfinite(final_obs).all(axis=1) & np.isfinite(obs).all(axis=1) & np.isfinite(reward))
             reward = np.where(sim_errors, 0.0, reward)
             final_obs[sim_errors] = self._last_obs[sim_errors]
             terminated = terminated & ~sim_errors
@@ -140,15 +142,16 @@ class GymnasiumVecEnv:
             obs = np.where(sim_errors[:, None], reset_obs, obs)
         self._last_obs = obs
 
-        reward_t = self._tensor(reward)
-        terminated_t = self._tensor(terminated, torch.bool)
-        truncated_t = self._tensor(truncated, torch.bool)
+        # Two host-to-device conversions per step: observations, then rewards and flags.
+        observations = self._tensor(np.stack([obs, final_obs]))
+        scalars = self._tensor(np.stack([reward, terminated, truncated, sim_errors]))
+        reward_t, (terminated_t, truncated_t, sim_errors_t) = scalars[0], scalars[1:].bool()
         info = {
-            "final_obs": self._tensor(final_obs),
+            "final_obs": observations[1],
             "episode": self.episodes.update(reward_t, terminated_t | truncated_t),
-            "sim_errors": self._tensor(sim_errors, torch.bool),
+            "sim_errors": sim_errors_t,
         }
-        return self._tensor(obs), reward_t, terminated_t, truncated_t, info
+        return observations[0], reward_t, terminated_t, truncated_t, info
 
     def state_dict(self) -> dict:
         """Simulator state, RNGs and time limits of every env, as tensors and ints (for exact resume).

@@ -1,0 +1,71 @@
+"""Training throughput as a ratio to raw environment throughput, both measured in this one process.
+
+    python benchmarks/train_throughput.py --env-id HalfCheetah-v5 --num-envs 1
+    python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 256
+
+Raw: env-steps/s with uniformly random actions (same env, same num_envs). Training: ppo_continuous.py with
+its preset for the task (num_envs overridden), the median SPS over iterations after the first (which warms
+up). The ratio is the figure to compare across machines; absolute numbers drift on shared machines.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import tyro
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ppo_continuous  # noqa: E402
+from benchmarks.env_throughput import env_steps_per_second  # noqa: E402
+
+
+@dataclass
+class Args:
+    env_id: str = "HalfCheetah-v5"
+    """the task"""
+    num_envs: int = 1
+    """parallel envs, for both measurements"""
+    iterations: int = 6
+    """training iterations (the first is dropped as warm-up)"""
+    raw_steps: int = 2000
+    """timed random-action steps per env for the raw measurement"""
+    out: str | None = None
+    """append the result row to this Markdown file"""
+
+
+def main(args: Args) -> dict:
+    raw_sps = env_steps_per_second(args.env_id, args.num_envs, max(args.raw_steps // args.num_envs, 50), warmup=10)
+    train_args = ppo_continuous.resolve_args(ppo_continuous.Args(env_id=args.env_id, num_envs=args.num_envs))
+    train_args = ppo_continuous.Args(
+        env_id=args.env_id, num_envs=args.num_envs, progress_bar=False, exp_name="throughput",
+        total_timesteps=args.iterations * train_args.batch_size, checkpoint_interval=10**9,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = os.getcwd()
+        os.chdir(tmp)
+        try:
+            history = ppo_continuous.train(train_args)["history"]
+        finally:
+            os.chdir(cwd)
+    train_sps = float(np.median([h["charts/SPS"] for h in history[1:]]))
+    rollout_fraction = float(np.median([h["time/rollout_fraction"] for h in history[1:]]))
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    row = (f"| ppo_continuous.py | {args.env_id} | {args.num_envs} | {raw_sps:,.0f} | {train_sps:,.0f} | "
+           f"**{train_sps / raw_sps:.2f}** | {rollout_fraction:.2f} | {machine} |")
+    print("| script | env | num_envs | raw env SPS | training SPS | ratio | rollout share | machine |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    print(row)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(row + "\n")
+    return {"raw_sps": raw_sps, "train_sps": train_sps, "ratio": train_sps / raw_sps}
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
