@@ -49,6 +49,8 @@ class Args:
     """the W&B project"""
     wandb_entity: str | None = None
     """the W&B entity (team or user)"""
+    wandb_group: str | None = None
+    """the W&B group (benchmarks/run.py groups the runs of one comparison)"""
     capture_video: bool = False
     """record an episode of env 0 every --video-interval iterations to the run's videos/ folder"""
     video_interval: int = 100
@@ -351,7 +353,7 @@ def ppo_loss(agent, obs, actions, old_logprobs, advantages, returns, old_values,
 
 
 def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
-    """Per-parameter gradient L2 and max-abs norms (before clipping)."""
+    """Per-parameter gradient L2 and max-abs norms (before clipping), on the first minibatch of an update."""
     norms = {}
     for name, param in agent.named_parameters():
         if param.grad is not None:
@@ -484,7 +486,8 @@ def train(args: Args) -> dict:
         import wandb
 
         wandb.init(
-            project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=asdict(args),
+            project=args.wandb_project_name, entity=args.wandb_entity, group=args.wandb_group,
+            sync_tensorboard=True, config=asdict(args),
             name=os.path.basename(run_dir), dir=run_dir, resume="allow", id=os.path.basename(run_dir).replace("/", "_"),
         )
 
@@ -596,7 +599,8 @@ def train(args: Args) -> dict:
                         first_minibatch = {"ratio_max_dev": stats["ratio_max_dev"], "approx_kl": stats["approx_kl"]}
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    last_grad_norms = grad_norms(agent)
+                    if num_updates == 0:  # logged once per iteration: measure them once
+                        first_grad_norms = grad_norms(agent)
                     stats["grad_norm_total"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
                     if args.adaptive_kl:
@@ -633,19 +637,22 @@ def train(args: Args) -> dict:
                     "env/sim_errors": sim_errors,
                 })
                 scalars.update({f"reward_terms/{k}": v / T for k, v in reward_term_sums.items()})
-                scalars.update({f"gradients/{k}": v for k, v in last_grad_norms.items()})
+                scalars.update({f"gradients/{k}": v for k, v in first_grad_norms.items()})
                 finished_returns = ep_return_buf[ep_mask_buf]
                 finished_lengths = ep_length_buf[ep_mask_buf]
                 finished_success = success_buf[ep_mask_buf]
             names = list(scalars)
             values = torch.stack([torch.as_tensor(scalars[k], dtype=torch.float64).to(policy_device) for k in names])
             metrics = dict(zip(names, values.cpu().tolist()))
-            finished_returns = finished_returns.cpu().tolist()
+            finished_returns, finished_lengths = finished_returns.cpu().tolist(), finished_lengths.cpu().tolist()
+            for episode_return, episode_length in zip(finished_returns, finished_lengths):
+                # One point per episode, as CleanRL logs them: benchmarks reduce over the last 100 episodes.
+                writer.add_scalar("charts/episodic_return", episode_return, global_step)
+                writer.add_scalar("charts/episodic_length", episode_length, global_step)
             if finished_returns:
                 recent_returns = (recent_returns + finished_returns)[-100:]
-                metrics["charts/episodic_return"] = float(np.mean(finished_returns))
                 metrics["charts/episodic_return_std"] = float(np.std(finished_returns))
-                metrics["charts/episodic_length"] = float(finished_lengths.float().mean())
+                metrics["charts/episodes"] = len(finished_returns)
                 if has_success:
                     metrics["charts/success_rate"] = float(finished_success.float().mean())
             metrics["charts/learning_rate"] = optimizer.param_groups[0]["lr"]
@@ -656,6 +663,9 @@ def train(args: Args) -> dict:
             metrics["time/rollout_fraction"] = rollout_time / (rollout_time + update_time)
             for key, value in metrics.items():
                 writer.add_scalar(key, value, global_step)
+            if finished_returns:  # in the summary only: the event file has every episode
+                metrics["charts/episodic_return"] = float(np.mean(finished_returns))
+                metrics["charts/episodic_length"] = float(np.mean(finished_lengths))
             history.append({"iteration": iteration, "global_step": global_step, **metrics})
             if progress is not None:
                 progress.update(1)

@@ -1,0 +1,198 @@
+"""Reads benchmark runs' TensorBoard events, reduces them the standard way and writes the report.
+
+    python benchmarks/report.py                       # runs/*__bench__* -> benchmarks/results/README.md + PNGs
+
+Per run: the mean of its last 100 training episodes (`charts/episodic_return`, one point per episode).
+Per (script, task, budget): mean ± std (population std, as CleanRL reports) over seeds, beside the published
+references of DESIGN.md §8. Learning curves: the mean over seeds of each run's trailing 100-episode mean,
+with a band of ± one std, against steps and against wall time. No training happens here.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import tyro  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+# Published numbers (DESIGN.md §8): task -> list of (source, steps, mean, std or None)
+REFERENCES = {
+    "HalfCheetah-v5": [("CleanRL ppo_continuous_action, HalfCheetah-v4, 3 seeds", 1_000_000, 1442.6, 46.0),
+                       ("SB3 zoo PPO (tuned), HalfCheetah-v3, 1 run", 1_000_000, 5819.1, None)],
+    "Hopper-v5": [("CleanRL, Hopper-v4, 3 seeds", 1_000_000, 2382.9, 271.7)],
+    "Walker2d-v5": [("CleanRL, Walker2d-v4, 3 seeds", 1_000_000, 2288.0, 571.8)],
+    "InvertedPendulum-v5": [("CleanRL, InvertedPendulum-v4, 3 seeds", 1_000_000, 963.1, 22.2)],
+    "Humanoid-v5": [("CleanRL, Humanoid-v4, 3 seeds", 1_000_000, 716.1, 49.1)],
+    "Pendulum-v1": [("CleanRL, 3 seeds", 8_000_000, -1142.0, 135.6), ("SB3 zoo PPO (tuned, gSDE), 1 run", 100_000, -172.2, None)],
+    "BipedalWalker-v3": [("SB3 zoo PPO, 1 run", 5_000_000, 287.9, None)],
+    "PendulumNoVel-v1": [("SB3 zoo RecurrentPPO, 1 run", 100_000, -217.9, None)],
+}
+
+
+# Sections written by the other benchmark commands, copied into the report when their files exist.
+EXTRA_SECTIONS = [
+    ("FrankaReach-v0: success rate against steps and wall time", "franka_reach_success.md",
+     "python ppo_continuous.py --exp-name default\npython benchmarks/franka_curve.py --run-dir runs/FrankaReach-v0__default__1__<time>"),
+    ("Training throughput relative to the raw environment", "train_throughput.md",
+     "python benchmarks/train_throughput.py --env-id HalfCheetah-v5 --num-envs 1 --out benchmarks/results/train_throughput.md\n"
+     "python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 256 --out benchmarks/results/train_throughput.md"),
+    ("Raw FrankaReach-v0 throughput", "franka_env_throughput.md",
+     "python benchmarks/env_throughput.py --env-id FrankaReach-v0 --out benchmarks/results/franka_env_throughput.md"),
+]
+
+
+@dataclass
+class Args:
+    runs_dir: str = "runs"
+    """where the runs are"""
+    exp_name: str = "bench"
+    """reduce the runs whose experiment name is this"""
+    out_dir: str = "benchmarks/results"
+    """where README.md and the PNGs go"""
+    last: int = 100
+    """episodes averaged at the end of each run"""
+
+
+@dataclass
+class Run:
+    path: str
+    script: str
+    env_id: str
+    seed: int
+    total_timesteps: int
+    episodes: np.ndarray  # (n, 3): global step, seconds since the start, raw return
+    success: np.ndarray  # (m, 3): global step, seconds since the start, training success rate
+
+
+def read_run(path: str) -> Run:
+    """One run directory: its args.json and its event files (TensorBoard's own reader)."""
+    with open(os.path.join(path, "args.json")) as f:
+        args = json.load(f)
+    events = EventAccumulator(path, size_guidance={"scalars": 0})
+    events.Reload()
+    tags = events.Tags()["scalars"]
+
+    def series(tag):
+        return [(e.step, e.wall_time, e.value) for e in events.Scalars(tag)] if tag in tags else []
+
+    episodes, success = series("charts/episodic_return"), series("charts/success_rate")
+    start = min((w for _, w, _ in episodes + success), default=0.0)
+    if "time/rollout_s" in tags:  # the first scalars are written at the end of the first iteration
+        first = events.Scalars("time/rollout_s")[0]
+        start = first.wall_time - first.value - events.Scalars("time/update_s")[0].value
+
+    def array(rows):
+        return np.array([(s, w - start, v) for s, w, v in rows], dtype=np.float64).reshape(-1, 3)
+
+    script = args.get("script") or "ppo_continuous.py"
+    return Run(path, script, args["env_id"], int(args["seed"]), int(args["total_timesteps"]), array(episodes), array(success))
+
+
+def final_return(run: Run, last: int = 100) -> float:
+    """Mean raw return of the run's last `last` training episodes."""
+    if len(run.episodes) == 0:
+        return float("nan")
+    return float(run.episodes[-last:, 2].mean())
+
+
+def mean_std(values) -> tuple[float, float]:
+    values = np.asarray(values, dtype=np.float64)
+    return float(values.mean()), float(values.std())
+
+
+def trailing_curve(run: Run, grid: np.ndarray, column: int, last: int = 100) -> np.ndarray:
+    """The run's trailing mean of its last `last` episodes at each grid point (steps: column 0, time: 1)."""
+    x, returns = run.episodes[:, column], run.episodes[:, 2]
+    out = np.full(len(grid), np.nan)
+    for i, g in enumerate(grid):
+        upto = np.searchsorted(x, g, side="right")
+        if upto > 0:
+            out[i] = returns[max(0, upto - last) : upto].mean()
+    return out
+
+
+def group_runs(runs: list[Run]) -> dict[tuple[str, str, int], list[Run]]:
+    groups = defaultdict(list)
+    for run in runs:
+        groups[(run.script, run.env_id, run.total_timesteps)].append(run)
+    return dict(sorted(groups.items()))
+
+
+def plot_group(key, runs: list[Run], out_dir: str, last: int) -> str | None:
+    script, env_id, budget = key
+    runs = [run for run in runs if len(run.episodes)]
+    if not runs:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, column, scale, label in ((axes[0], 0, 1e6, "environment steps (millions)"),
+                                     (axes[1], 1, 60.0, "wall time (minutes)")):
+        end = max(run.episodes[-1, column] for run in runs)
+        grid = np.linspace(0, end, 100)
+        curves = np.array([trailing_curve(run, grid, column, last) for run in runs])
+        mean, std = np.nanmean(curves, axis=0), np.nanstd(curves, axis=0)
+        ax.plot(grid / scale, mean, label=f"{script} ({len(runs)} seeds)")
+        ax.fill_between(grid / scale, mean - std, mean + std, alpha=0.25)
+        if column == 0:
+            for source, steps, value, _ in REFERENCES.get(env_id, []):
+                ax.axhline(value, linestyle="--", linewidth=1, color="grey")
+                ax.text(0, value, f" {source} at {steps / 1e6:g}M", fontsize=7, va="bottom", color="grey")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"return (trailing mean of {last} training episodes)")
+    axes[0].legend(loc="lower right")
+    fig.suptitle(f"{env_id}, {budget:,} steps: mean ± std over seeds")
+    fig.tight_layout()
+    name = f"{env_id}__{script.replace('.py', '')}__{budget}.png"
+    fig.savefig(os.path.join(out_dir, name), dpi=110)
+    plt.close(fig)
+    return name
+
+
+def write_report(args: Args) -> str:
+    paths = sorted(p for p in glob.glob(os.path.join(args.runs_dir, f"*__{args.exp_name}__*")) if os.path.isdir(p))
+    runs = [read_run(p) for p in paths if os.path.isfile(os.path.join(p, "args.json"))]
+    os.makedirs(args.out_dir, exist_ok=True)
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Generated by `python benchmarks/report.py --exp-name {args.exp_name}` from the runs in `{args.runs_dir}/`.",
+        f"Each run: mean of its last {args.last} training episodes (raw returns, with exploration noise).",
+        "Each row: mean ± std (population) over seeds. References are published numbers (DESIGN.md §8), cited as such.",
+        "",
+        "| script | task | steps | seeds | ours: mean ± std | per seed | published reference |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    plots = []
+    for key, group in group_runs(runs).items():
+        script, env_id, budget = key
+        finals = [final_return(run, args.last) for run in sorted(group, key=lambda r: r.seed)]
+        mean, std = mean_std(finals)
+        refs = "; ".join(f"{src} at {steps / 1e6:g}M: {value:g}" + (f" ± {sd:g}" if sd is not None else "")
+                         for src, steps, value, sd in REFERENCES.get(env_id, [])) or "-"
+        per_seed = ", ".join(f"{f:.1f}" for f in finals)
+        lines.append(f"| {script} | {env_id} | {budget:,} | {len(group)} | **{mean:.1f} ± {std:.1f}** | {per_seed} | {refs} |")
+        plots.append(plot_group(key, group, args.out_dir, args.last))
+    lines += ["", "## Learning curves", ""] + [f"![{p}]({p})" for p in plots if p]
+    for title, name, command in EXTRA_SECTIONS:
+        path = os.path.join(args.out_dir, name)
+        if os.path.isfile(path):
+            with open(path) as f:
+                lines += ["", f"## {title}", "", f"```bash\n{command}\n```", "", f.read().strip()]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out_dir, "README.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    write_report(tyro.cli(Args))

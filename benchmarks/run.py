@@ -1,0 +1,133 @@
+"""Launches the benchmark runs (script x task x seed) as separate processes, then writes the report.
+
+    python benchmarks/run.py --preset quick      # a few minutes on 2 cores
+    python benchmarks/run.py --preset full       # the published budgets (hours on 2 cores)
+    python benchmarks/report.py --exp-name bench # regenerate the report from existing runs, no training
+
+At most --jobs runs at once, each with cores/jobs torch threads, each writing its normal run directory
+(runs/{env}__{exp_name}__{seed}__{time}). Resumable: a finished run is not run again; an unfinished one
+continues from its latest checkpoint. With --wandb-group the runs are tracked in W&B under that group.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import tyro
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from benchmarks import report  # noqa: E402
+
+# (script, env id, seeds, total steps, extra flags). The full budgets are those of the ppo_continuous issue.
+PRESETS = {
+    "quick": [
+        ("ppo_continuous.py", "Pendulum-v1", (1, 2), 100_000, []),
+        ("ppo_continuous.py", "FrankaReach-v0", (1,), 3_000_000, []),
+    ],
+    "full": [
+        ("ppo_continuous.py", "Pendulum-v1", (1, 2, 3), 200_000, []),
+        ("ppo_continuous.py", "HalfCheetah-v5", (1, 2, 3), 1_000_000, ["--compile"]),
+        ("ppo_continuous.py", "Hopper-v5", (1, 2, 3), 1_000_000, ["--compile"]),
+        ("ppo_continuous.py", "FrankaReach-v0", (1, 2, 3), 12_000_000, []),
+    ],
+}
+
+
+@dataclass
+class Args:
+    preset: Literal["quick", "full"] = "quick"
+    """which runs: quick (minutes) or full (the published budgets)"""
+    jobs: int = os.cpu_count() or 1
+    """runs at once (no more than there are cores)"""
+    exp_name: str | None = None
+    """experiment name of the runs (default: bench for full, bench_quick for quick)"""
+    wandb_group: str | None = None
+    """track the runs in W&B under this group"""
+    root: str = REPO
+    """working directory of the runs (they write root/runs/...)"""
+    out_dir: str = os.path.join(REPO, "benchmarks", "results")
+    """where the report goes"""
+    dry_run: bool = False
+    """print the commands without running them"""
+
+
+def find_run(root: str, env_id: str, exp_name: str, seed: int) -> tuple[str | None, bool]:
+    """(latest run directory of this env/exp/seed, whether it finished)."""
+    dirs = sorted(glob.glob(os.path.join(root, "runs", f"{env_id}__{exp_name}__{seed}__*")))
+    if not dirs:
+        return None, False
+    run_dir = dirs[-1]
+    checkpoint = os.path.join(run_dir, "checkpoint.pt")
+    if not os.path.isfile(checkpoint):
+        return run_dir, False
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return run_dir, state["iteration"] >= state["args"]["num_iterations"]
+
+
+def experiment_name(args: Args) -> str:
+    return args.exp_name or ("bench" if args.preset == "full" else "bench_quick")
+
+
+def commands(args: Args) -> list[list[str]]:
+    exp_name = experiment_name(args)
+    todo = []
+    for script, env_id, seeds, steps, extra in PRESETS[args.preset]:
+        script = os.path.join(REPO, script)
+        for seed in seeds:
+            run_dir, finished = find_run(args.root, env_id, exp_name, seed)
+            if finished:
+                print(f"done already: {run_dir}")
+                continue
+            if run_dir and os.path.isfile(os.path.join(run_dir, "checkpoint.pt")):
+                command = [sys.executable, script, "--resume", run_dir, "--no-progress-bar"]
+            else:
+                command = [sys.executable, script, "--env-id", env_id, "--seed", str(seed), "--total-timesteps",
+                           str(steps), "--exp-name", exp_name, "--no-progress-bar", *extra]
+            if args.wandb_group:
+                command += ["--track", "--wandb-group", args.wandb_group]
+            todo.append(command)
+    return todo
+
+
+def main(args: Args) -> None:
+    if args.jobs < 1:
+        raise SystemExit("error: --jobs must be at least 1")
+    todo = commands(args)
+    threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
+    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    running: list[tuple[subprocess.Popen, list[str]]] = []
+    runs_dir = os.path.join(args.root, "runs")
+    os.makedirs(runs_dir, exist_ok=True)
+    failed = []
+    while todo or running:
+        while todo and len(running) < args.jobs:
+            command = todo.pop(0)
+            print("running:", " ".join([os.path.basename(command[1])] + command[2:]), flush=True)
+            if args.dry_run:
+                continue
+            with open(os.path.join(runs_dir, f"bench_{int(time.time() * 1000)}.log"), "w") as log:
+                process = subprocess.Popen(command, cwd=args.root, env=env, stdout=log, stderr=subprocess.STDOUT)
+            running.append((process, command))
+        for process, command in list(running):
+            if process.poll() is not None:
+                running.remove((process, command))
+                if process.returncode != 0:
+                    failed.append(command)
+                    print(f"FAILED ({process.returncode}):", " ".join(command[1:]), flush=True)
+        time.sleep(1)
+    if failed:
+        raise SystemExit(f"{len(failed)} run(s) failed: see {runs_dir}/bench_*.log")
+    if not args.dry_run:
+        report.write_report(report.Args(runs_dir=runs_dir, exp_name=experiment_name(args), out_dir=args.out_dir))
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

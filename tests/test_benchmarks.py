@@ -1,0 +1,82 @@
+"""benchmarks/report.py: the reducer and the report, on small synthetic event files (no training, no timing)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from benchmarks import report
+
+
+def fake_run(root, env_id, seed, returns, steps_per_episode=1000, total=1_000_000, exp="bench"):
+    path = os.path.join(root, f"{env_id}__{exp}__{seed}__1700000000")
+    os.makedirs(path)
+    with open(os.path.join(path, "args.json"), "w") as f:
+        json.dump({"env_id": env_id, "seed": seed, "total_timesteps": total, "exp_name": exp}, f)
+    writer = SummaryWriter(path)
+    for i, value in enumerate(returns):
+        writer.add_scalar("charts/episodic_return", value, (i + 1) * steps_per_episode, walltime=1000.0 + i)
+    writer.close()
+    return path
+
+
+def test_final_return_is_the_mean_of_the_last_100_episodes(tmp_path):
+    """Bug: reducing over all episodes, the last iteration only, or the wrong end of the run."""
+    returns = list(range(250))  # last 100 episodes: 150..249
+    run = report.read_run(fake_run(str(tmp_path), "Hopper-v5", 1, returns))
+    assert len(run.episodes) == 250
+    assert report.final_return(run) == pytest.approx(np.mean(range(150, 250)))
+    assert report.final_return(run, last=10) == pytest.approx(np.mean(range(240, 250)))
+
+
+def test_seeds_reduce_to_mean_and_population_std(tmp_path):
+    for seed, level in ((1, 100.0), (2, 200.0), (3, 600.0)):
+        fake_run(str(tmp_path), "HalfCheetah-v5", seed, [0.0] * 50 + [level] * 100)
+    fake_run(str(tmp_path), "HalfCheetah-v5", 9, [5000.0] * 100, exp="other")  # another experiment: ignored
+    runs = [report.read_run(str(p)) for p in sorted(tmp_path.glob("*__bench__*"))]
+    groups = report.group_runs(runs)
+    assert list(groups) == [("ppo_continuous.py", "HalfCheetah-v5", 1_000_000)]
+    finals = [report.final_return(r) for r in groups[("ppo_continuous.py", "HalfCheetah-v5", 1_000_000)]]
+    assert report.mean_std(finals) == pytest.approx((300.0, np.std([100.0, 200.0, 600.0])))
+
+
+def test_trailing_curve_uses_only_episodes_up_to_each_point(tmp_path):
+    """Bug: a learning curve that averages in episodes from the future."""
+    run = report.read_run(fake_run(str(tmp_path), "Pendulum-v1", 1, [1.0, 2.0, 3.0, 4.0], steps_per_episode=10))
+    curve = report.trailing_curve(run, np.array([5.0, 10.0, 25.0, 40.0]), column=0, last=2)
+    assert np.isnan(curve[0])
+    assert curve[1:].tolist() == [1.0, 1.5, 3.5]
+
+
+def test_report_has_the_table_beside_references_and_the_plots(tmp_path):
+    runs_dir, out_dir = tmp_path / "runs", tmp_path / "results"
+    for seed in (1, 2):
+        fake_run(str(runs_dir), "Hopper-v5", seed, [1000.0 * seed] * 120)
+    (out_dir).mkdir()
+    (out_dir / "train_throughput.md").write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
+    text = report.write_report(report.Args(runs_dir=str(runs_dir), out_dir=str(out_dir)))
+    assert "| ppo_continuous.py | Hopper-v5 | 1,000,000 | 2 | **1500.0 ± 500.0** | 1000.0, 2000.0 |" in text
+    assert "CleanRL, Hopper-v4, 3 seeds at 1M: 2382.9 ± 271.7" in text
+    assert "Training throughput" in text and "| 1 | 2 |" in text
+    assert (out_dir / "Hopper-v5__ppo_continuous__1000000.png").stat().st_size > 10_000
+    assert (out_dir / "README.md").read_text() == text
+
+
+def test_runner_runs_each_seed_once_in_parallel_and_skips_finished_runs(tmp_path, monkeypatch, capsys):
+    """Bug: a rerun of the runner trains finished runs again (hours lost) or drops a seed."""
+    from benchmarks import run
+
+    tiny = ["--num-envs", "1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1"]
+    monkeypatch.setitem(run.PRESETS, "quick", [("ppo_continuous.py", "Pendulum-v1", (1, 2), 256, tiny)])
+    args = run.Args(preset="quick", jobs=2, root=str(tmp_path), out_dir=str(tmp_path / "results"))
+    run.main(args)
+    finished = sorted(p.name.split("__")[2] for p in (tmp_path / "runs").glob("Pendulum-v1__bench_quick__*"))
+    assert finished == ["1", "2"]
+    assert all(run.find_run(str(tmp_path), "Pendulum-v1", "bench_quick", seed)[1] for seed in (1, 2))
+    assert "| ppo_continuous.py | Pendulum-v1 | 256 | 2 |" in (tmp_path / "results" / "README.md").read_text()
+    capsys.readouterr()
+    run.main(args)
+    assert capsys.readouterr().out.count("done already") == 2
+    assert len(list((tmp_path / "runs").glob("Pendulum-v1__bench_quick__*"))) == 2
