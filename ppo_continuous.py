@@ -121,7 +121,7 @@ class Args:
     """evaluate this checkpoint instead of training"""
     eval_episodes: int = 10
     """episodes to evaluate (each env contributes the same number of episodes)"""
-    env_kwargs: dict[str, float | int | bool | str] | None = None
+    env_kwargs: dict[str, int | float | bool | str] | None = None
     """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4"""
 
     # filled in at runtime

@@ -391,3 +391,12 @@ def test_franka_reach_trains_with_success_and_reward_term_logging(tmp_path):
     assert all(h["debug/first_minibatch_ratio_max_dev"] < 1e-5 for h in summary["history"])
     result = ppo.evaluate(summary["checkpoint"], episodes=4, device="cpu", sim_device="cpu")
     assert result["episodes"] == 4 and 0.0 <= result["success_rate"] <= 1.0
+
+
+def test_env_kwargs_flag_keeps_integers_integers():
+    """Bug: `--env-kwargs decimation 4` parsed as 4.0, which the env rejects."""
+    import tyro
+
+    args = tyro.cli(ppo.Args, args=["--env-kwargs", "decimation", "4", "action_scale", "0.1", "stagger_episodes", "False"])
+    assert args.env_kwargs == {"decimation": 4, "action_scale": 0.1, "stagger_episodes": False}
+    assert isinstance(args.env_kwargs["decimation"], int)
