@@ -86,6 +86,7 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
         success_bonus: float = 0.5,
         action_rate_weight: float = 0.01,
         joint_velocity_weight: float = 0.001,
+        observe_velocities: bool = True,
         render_mode: str | None = None,
     ):
         for name, value in (("num_envs", num_envs), ("max_episode_steps", max_episode_steps), ("decimation", decimation)):
@@ -114,7 +115,11 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
         self.render_mode = render_mode
         self.dt = sim_dt * decimation  # the agent's time step, in seconds
 
+        # FrankaReachNoVel-v0 drops the joint and end-effector velocities: a policy must infer them from memory.
+        self.observe_velocities = observe_velocities
         obs_dim = 3 * NUM_ARM_JOINTS + 12  # q, q̇, previous action; ee pos, ee vel, target, ee→target
+        if not observe_velocities:
+            obs_dim -= NUM_ARM_JOINTS + 3
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (NUM_ARM_JOINTS,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
@@ -214,10 +219,10 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
         ee_pos = self.hand.get_pos() + offset
         ee_vel = self.hand.get_vel() + torch.cross(self.hand.get_ang(), offset, dim=-1)
         to_target = self.target_pos - ee_pos
-        obs = torch.cat(
-            [q - self.home_qpos[:NUM_ARM_JOINTS], qd, ee_pos, ee_vel, self.target_pos, to_target, self.prev_action],
-            dim=-1,
-        )
+        parts = [q - self.home_qpos[:NUM_ARM_JOINTS], qd, ee_pos, ee_vel, self.target_pos, to_target, self.prev_action]
+        if not self.observe_velocities:
+            del parts[3], parts[1]
+        obs = torch.cat(parts, dim=-1)
         return obs, qd, to_target.norm(dim=-1)
 
     def _clear_failed(self, failed: torch.Tensor) -> None:

@@ -65,6 +65,22 @@ def test_final_obs_is_the_last_obs_of_the_truncated_episode(short_and_long):
     assert short_obs[0, 7:14].abs().max() < 1e-4  # joint velocities are zero after the reset
 
 
+def test_novel_variant_hides_exactly_the_joint_and_end_effector_velocities(short_and_long):
+    """Bug: the memory task leaks a velocity (or drops a position) and no longer needs memory."""
+    short, _ = short_and_long
+    novel = envs.make("FrankaReachNoVel-v0", num_envs=1, seed=7, sim_device="cpu", stagger_episodes=False,
+                      max_episode_steps=EPISODE)
+    assert novel.single_observation_space.shape == (23,)
+    keep = [i for i in range(33) if not (7 <= i < 14 or 17 <= i < 20)]
+    full_obs, _ = short.reset(seed=11)
+    novel_obs, _ = novel.reset(seed=11)
+    for action in actions(1, 4, seed=3):
+        torch.testing.assert_close(novel_obs, full_obs[:, keep], atol=1e-5, rtol=1e-5)
+        full_obs, novel_obs = short.step(action)[0], novel.step(action)[0]
+    assert full_obs[:, 7:14].abs().max() > 1e-3  # the hidden entries did carry motion
+    novel.close()
+
+
 def test_same_seed_reproduces_the_trajectory_and_another_seed_does_not(short_and_long):
     """Bug: targets or initial poses drawn from an unseeded generator."""
     short, long = short_and_long
