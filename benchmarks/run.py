@@ -126,7 +126,7 @@ def main(args: Args) -> None:
     if failed:
         raise SystemExit(f"{len(failed)} run(s) failed: see {runs_dir}/bench_*.log")
     if not args.dry_run:
-        report.write_report(report.Args(runs_dir=runs_dir, exp_name=experiment_name(args), out_dir=args.out_dir))
+        report.write_report(report.Args(runs_dir=runs_dir, exp_names=(experiment_name(args),), out_dir=args.out_dir))
 
 
 if __name__ == "__main__":

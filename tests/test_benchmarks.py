@@ -57,6 +57,7 @@ def test_report_has_the_table_beside_references_and_the_plots(tmp_path):
     (out_dir).mkdir()
     (out_dir / "train_throughput.md").write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
     text = report.write_report(report.Args(runs_dir=str(runs_dir), out_dir=str(out_dir)))
+    assert "stopped at" not in text
     assert "| ppo_continuous.py | Hopper-v5 | 1,000,000 | 2 | **1500.0 ± 500.0** | 1000.0, 2000.0 |" in text
     assert "CleanRL, Hopper-v4, 3 seeds at 1M: 2382.9 ± 271.7" in text
     assert "Training throughput" in text and "| 1 | 2 |" in text
@@ -80,3 +81,13 @@ def test_runner_runs_each_seed_once_in_parallel_and_skips_finished_runs(tmp_path
     run.main(args)
     assert capsys.readouterr().out.count("done already") == 2
     assert len(list((tmp_path / "runs").glob("Pendulum-v1__bench_quick__*"))) == 2
+
+
+def test_report_says_when_a_run_stopped_short_of_its_budget(tmp_path):
+    """Bug: a half-finished run reported as if it had used the whole budget."""
+    path = fake_run(str(tmp_path / "runs"), "Hopper-v5", 1, [500.0] * 120)
+    writer = SummaryWriter(path)
+    writer.add_scalar("charts/SPS", 800.0, 400_000)
+    writer.close()
+    text = report.write_report(report.Args(runs_dir=str(tmp_path / "runs"), out_dir=str(tmp_path / "results")))
+    assert "500.0 (stopped at 400,000)" in text
