@@ -15,6 +15,7 @@ import math
 import os
 import random
 import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
@@ -27,6 +28,7 @@ from torch.distributions import Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import envs
+from envs.video import EpisodeRecorder, write_video
 
 
 @dataclass
@@ -420,13 +422,6 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     torch.backends.cudnn.deterministic = deterministic
 
 
-def write_video(frames: list, path: str, fps: float) -> None:
-    import imageio.v2 as imageio
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
-
-
 def train(args: Args) -> dict:
     """Trains, logs to runs/<run>/ and returns a summary: final returns, global step, run directory and the
     per-iteration metrics (`history`)."""
@@ -525,13 +520,14 @@ def train(args: Args) -> dict:
                     "numpy_rest": tuple(np_state[2:]), "python": random.getstate()},
         }
 
-    previous_handler = signal.signal(signal.SIGINT, request_stop) if _in_main_thread() else None
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signals can only be set there
+    previous_handler = signal.signal(signal.SIGINT, request_stop) if in_main_thread else None
     progress = None
     if args.progress_bar:
         from tqdm import tqdm
 
         progress = tqdm(total=args.num_iterations, initial=start_iteration - 1, unit="it", dynamic_ncols=True)
-    video_pending, video_frames = False, None
+    recorder = EpisodeRecorder()
     iteration = start_iteration - 1
     next_obs = obs_norm(next_obs_raw) if args.norm_obs else next_obs_raw
     try:
@@ -539,7 +535,7 @@ def train(args: Args) -> dict:
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
             if args.capture_video and (iteration - 1) % args.video_interval == 0:
-                video_pending = True
+                recorder.start()
             rollout_start = time.perf_counter()
             reward_term_sums: dict[str, torch.Tensor] = {}
             sim_errors = torch.zeros((), device=policy_device)
@@ -566,10 +562,10 @@ def train(args: Args) -> dict:
                     for name, term in info.get("reward_terms", {}).items():
                         reward_term_sums[name] = reward_term_sums.get(name, 0.0) + term.mean()
                     sim_errors += info["sim_errors"].sum()
-                    if video_pending or video_frames is not None:
-                        video_pending, video_frames = record_video_step(
-                            vec, done, video_pending, video_frames, run_dir, global_step + (step + 1) * N, writer
-                        )
+                    if args.capture_video:
+                        path = os.path.join(run_dir, "videos", f"train_{global_step + (step + 1) * N}.mp4")
+                        if recorder.step(vec, done, path):
+                            print(f"saved {path}")
 
                 last_value = agent.get_value(next_obs)
                 final_values = agent.get_value(final_obs_buf.flatten(0, 1)).view(T, N)
@@ -621,18 +617,17 @@ def train(args: Args) -> dict:
 
             # One host transfer per iteration for everything that is logged.
             with torch.no_grad():
-                y_pred, y_true = b_values, b_returns
-                var_y = y_true.var()
-                scalars = {f"losses/{k}": v / num_updates for k, v in stat_sums.items() if k not in ("ratio_max_dev",)}
-                scalars["losses/explained_variance"] = 1 - (y_true - y_pred).var() / var_y
+                var_returns = b_returns.var()
+                scalars = {f"losses/{k}": v / num_updates for k, v in stat_sums.items() if k != "ratio_max_dev"}
                 scalars.update({
+                    "losses/explained_variance": 1 - (b_returns - b_values).var() / var_returns,
                     "debug/first_minibatch_ratio_max_dev": first_minibatch["ratio_max_dev"],
                     "debug/first_minibatch_approx_kl": first_minibatch["approx_kl"],
                     "policy/action_std": agent.actor_logstd.exp().mean(),
                     "policy/action_std_min": agent.actor_logstd.exp().min(),
                     "policy/action_std_max": agent.actor_logstd.exp().max(),
                     "values/mean": b_values.mean(), "values/std": b_values.std(),
-                    "values/returns_mean": b_returns.mean(), "values/returns_variance": var_y,
+                    "values/returns_mean": b_returns.mean(), "values/returns_variance": var_returns,
                     "advantages/mean": b_advantages.mean(), "advantages/std": b_advantages.std(),
                     "env/sim_errors": sim_errors,
                 })
@@ -655,12 +650,12 @@ def train(args: Args) -> dict:
                 metrics["charts/episodes"] = len(finished_returns)
                 if has_success:
                     metrics["charts/success_rate"] = float(finished_success.float().mean())
-            metrics["charts/learning_rate"] = optimizer.param_groups[0]["lr"]
-            metrics["charts/SPS"] = T * N / (rollout_time + update_time)
-            metrics["charts/update_epochs_done"] = epochs_done
-            metrics["time/rollout_s"] = rollout_time
-            metrics["time/update_s"] = update_time
-            metrics["time/rollout_fraction"] = rollout_time / (rollout_time + update_time)
+            iteration_time = rollout_time + update_time
+            metrics.update({
+                "charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/SPS": T * N / iteration_time,
+                "charts/update_epochs_done": epochs_done, "time/rollout_s": rollout_time, "time/update_s": update_time,
+                "time/rollout_fraction": rollout_time / iteration_time,
+            })
             for key, value in metrics.items():
                 writer.add_scalar(key, value, global_step)
             if finished_returns:  # in the summary only: the event file has every episode
@@ -699,26 +694,6 @@ def train(args: Args) -> dict:
         "history": history,
     }
 
-
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def record_video_step(vec, done, pending, frames, run_dir, global_step, writer):
-    """Records env 0 from the start of its next episode to that episode's end."""
-    if frames is not None:
-        frames.append(vec.render())
-        if bool(done[0]):
-            path = os.path.join(run_dir, "videos", f"train_{global_step}.mp4")
-            write_video(frames, path, fps=30)
-            print(f"saved {path}")
-            return False, None
-        return pending, frames
-    if pending and bool(done[0]):
-        return False, []
-    return pending, frames
 
 
 @torch.inference_mode()
@@ -768,7 +743,7 @@ def evaluate(
     if frames:
         run_dir = os.path.dirname(os.path.abspath(checkpoint_path)) if not os.path.isdir(checkpoint_path) else checkpoint_path
         result["video"] = os.path.join(run_dir, "videos", "eval.mp4")
-        write_video(frames, result["video"], fps=30)
+        write_video(frames, result["video"])
     print(json.dumps(result))
     return result
 

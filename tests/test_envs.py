@@ -223,3 +223,28 @@ def test_bad_reset_mask_is_rejected():
     vec.reset()
     with pytest.raises(ValueError, match="reset_mask"):
         vec.reset(options={"reset_mask": torch.tensor([1, 0])})
+
+
+def test_episode_recorder_writes_exactly_one_whole_episode_of_env_zero(tmp_path):
+    """Bug: a training video that starts mid-episode or runs on into the next one."""
+    from envs.video import EpisodeRecorder
+
+    class Frames:
+        t = 0
+
+        def render(self):
+            return np.full((8, 8, 3), self.t, dtype=np.uint8)
+
+    vec, recorder, written = Frames(), EpisodeRecorder(), []
+    recorder.start()
+    done_at = {3, 7, 12}  # env 0's episodes end after steps 3, 7 and 12
+    for t in range(15):
+        vec.t = t
+        path = recorder.step(vec, torch.tensor([t in done_at, False]), str(tmp_path / f"v{t}.mp4"))
+        if path:
+            written.append((t, path))
+    assert [t for t, _ in written] == [7]  # the episode of steps 4..7, nothing of the one that was running
+    import imageio.v2 as imageio
+
+    frames = imageio.mimread(written[0][1])
+    assert len(frames) == 4
