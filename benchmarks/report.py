@@ -173,7 +173,8 @@ def write_report(args: Args) -> str:
         f"Each run: mean of its last {args.last} training episodes (raw returns, with exploration noise).",
         "Each row: mean ± std (population) over seeds. References are published numbers (DESIGN.md §8), cited as such.",
         "",
-        "Steps: the budget; where a run stopped short of it, the steps it reached are given per seed.",
+        "Seeds: runs that used the whole budget; a run that stopped short is listed with the steps it reached,",
+        "and left out of the mean.",
         "",
         "| script | task | steps | seeds | ours: mean ± std | per seed | published reference |",
         "|---|---|---:|---:|---:|---|---|",
@@ -181,14 +182,17 @@ def write_report(args: Args) -> str:
     plots = []
     for key, group in group_runs(runs).items():
         script, env_id, budget = key
-        finals = [final_return(run, args.last) for run in sorted(group, key=lambda r: r.seed)]
-        mean, std = mean_std(finals)
+        ordered = sorted(group, key=lambda r: r.seed)
+        complete = [r for r in ordered if r.last_step >= 0.99 * budget]
+        mean, std = mean_std([final_return(r, args.last) for r in complete]) if complete else (float("nan"),) * 2
         refs = "; ".join(f"{src} at {steps / 1e6:g}M: {value:g}" + (f" ± {sd:g}" if sd is not None else "")
                          for src, steps, value, sd in REFERENCES.get(env_id, [])) or "-"
-        ordered = sorted(group, key=lambda r: r.seed)
-        per_seed = ", ".join(f"{f:.1f}" + (f" (stopped at {r.last_step:,})" if r.last_step < budget * 0.99 else "")
-                             for f, r in zip(finals, ordered))
-        lines.append(f"| {script} | {env_id} | {budget:,} | {len(group)} | **{mean:.1f} ± {std:.1f}** | {per_seed} | {refs} |")
+        per_seed = ", ".join(
+            f"{final_return(r, args.last):.1f}" if r in complete
+            else f"[seed {r.seed} stopped at {r.last_step:,}: {final_return(r, args.last):.1f}, not in the mean]"
+            for r in ordered
+        )
+        lines.append(f"| {script} | {env_id} | {budget:,} | {len(complete)} | **{mean:.1f} ± {std:.1f}** | {per_seed} | {refs} |")
         plots.append(plot_group(key, group, args.out_dir, args.last))
     lines += ["", "## Learning curves", ""] + [f"![{p}]({p})" for p in plots if p]
     for title, name, command in EXTRA_SECTIONS:

@@ -85,9 +85,10 @@ def test_runner_runs_each_seed_once_in_parallel_and_skips_finished_runs(tmp_path
 
 def test_report_says_when_a_run_stopped_short_of_its_budget(tmp_path):
     """Bug: a half-finished run reported as if it had used the whole budget."""
-    path = fake_run(str(tmp_path / "runs"), "Hopper-v5", 1, [500.0] * 120)
+    fake_run(str(tmp_path / "runs"), "Hopper-v5", 1, [1000.0] * 120)
+    path = fake_run(str(tmp_path / "runs"), "Hopper-v5", 2, [500.0] * 120)
     writer = SummaryWriter(path)
     writer.add_scalar("charts/SPS", 800.0, 400_000)
     writer.close()
     text = report.write_report(report.Args(runs_dir=str(tmp_path / "runs"), out_dir=str(tmp_path / "results")))
-    assert "500.0 (stopped at 400,000)" in text
+    assert "| 1 | **1000.0 ± 0.0** | 1000.0, [seed 2 stopped at 400,000: 500.0, not in the mean] |" in text
