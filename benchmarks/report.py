@@ -70,6 +70,7 @@ class Run:
     env_id: str
     seed: int
     total_timesteps: int
+    planned_steps: int  # whole iterations: total_timesteps rounded down to a multiple of the batch
     last_step: int  # the global step the run reached (less than total_timesteps if it did not finish)
     episodes: np.ndarray  # (n, 3): global step, seconds since the start, raw return
     success: np.ndarray  # (m, 3): global step, seconds since the start, training success rate
@@ -98,7 +99,10 @@ def read_run(path: str) -> Run:
 
     script = args.get("script") or "ppo_continuous.py"
     total = int(args["total_timesteps"])
-    return Run(path, script, args["env_id"], int(args["seed"]), total, last_step or total, array(episodes), array(success))
+    # The steps the run was set to make: whole iterations of num_envs * num_steps (<= total_timesteps).
+    planned = int(args.get("num_iterations", 0)) * int(args.get("batch_size", 0)) or total
+    return Run(path, script, args["env_id"], int(args["seed"]), total, planned, last_step or planned,
+               array(episodes), array(success))
 
 
 def final_return(run: Run, last: int = 100) -> float:
@@ -183,7 +187,7 @@ def write_report(args: Args) -> str:
     for key, group in group_runs(runs).items():
         script, env_id, budget = key
         ordered = sorted(group, key=lambda r: r.seed)
-        complete = [r for r in ordered if r.last_step >= 0.99 * budget]
+        complete = [r for r in ordered if r.last_step >= r.planned_steps]
         mean, std = mean_std([final_return(r, args.last) for r in complete]) if complete else (float("nan"),) * 2
         refs = "; ".join(f"{src} at {steps / 1e6:g}M: {value:g}" + (f" ± {sd:g}" if sd is not None else "")
                          for src, steps, value, sd in REFERENCES.get(env_id, [])) or "-"
