@@ -392,6 +392,13 @@ def load_checkpoint(path: str) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def args_from_checkpoint(checkpoint: dict) -> Args:
+    saved = checkpoint["args"]
+    args = Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved})
+    args.hidden_sizes = tuple(args.hidden_sizes)  # saved as a list
+    return args
+
+
 def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render: bool = False, **overrides):
     kwargs = dict(args.env_kwargs or {}, **overrides)
     if args.env_id in envs.GENESIS_IDS:
@@ -428,11 +435,9 @@ def train(args: Args) -> dict:
     checkpoint = None
     if args.resume:
         checkpoint = load_checkpoint(args.resume)
-        saved = checkpoint["args"]
         resume_from = args.resume
-        args = Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved})
+        args = args_from_checkpoint(checkpoint)
         args.resume = resume_from
-        args.hidden_sizes = tuple(args.hidden_sizes)
     args = resolve_args(args)
     policy_device = pick_device(args.policy_device, "--policy-device")
     if args.env_id in envs.GENESIS_IDS:
@@ -706,9 +711,7 @@ def evaluate(
     every episode fresh (no staggering); the targets are new draws from a seed the training never used.
     """
     checkpoint = load_checkpoint(checkpoint_path)
-    saved = checkpoint["args"]
-    args = Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved})
-    args.hidden_sizes = tuple(args.hidden_sizes)
+    args = args_from_checkpoint(checkpoint)
     args.sim_device = sim_device
     policy_device = pick_device(device, "--policy-device")
     genesis = args.env_id in envs.GENESIS_IDS
