@@ -1,0 +1,914 @@
+"""Recurrent PPO (GRU or LSTM) for continuous actions with truncated BPTT, in one file (CleanRL style).
+
+    python ppo_recurrent.py                                   # FrankaReachNoVel-v0 (Genesis, no velocities)
+    python ppo_recurrent.py --env-id PendulumNoVel-v1 --rnn-type lstm
+    python ppo_recurrent.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 1000
+
+Each env's rollout is cut into sequences of --bptt-len steps. A sequence starts from the hidden state
+stored at its first step, and the state is zeroed wherever an episode starts inside it: the sequence is
+split there into segments that run through the fused GRU/LSTM kernel in one call (packed, no padding
+enters any loss). Documented in README.md, section "ppo_recurrent.py"; conventions as ppo_continuous.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions import Normal
+from torch.utils.tensorboard import SummaryWriter
+
+import envs
+from envs.video import EpisodeRecorder, write_video
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment, part of the run directory"""
+    seed: int = 1
+    """seed of the experiment (torch, numpy, python and the environments)"""
+    torch_deterministic: bool = True
+    """sets `torch.backends.cudnn.deterministic`"""
+    cuda: bool = False
+    """CleanRL's flag: shorthand for --policy-device cuda --sim-device cuda"""
+    policy_device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where the networks, normalisers and rollout buffers live (auto: cuda if available)"""
+    sim_device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where Genesis simulates (auto: cuda if available); Gymnasium tasks always step on the CPU"""
+    track: bool = False
+    """log to Weights & Biases as well as TensorBoard (WANDB_MODE=offline works without a network)"""
+    wandb_project_name: str = "ppo-recurrent"
+    """the W&B project"""
+    wandb_entity: str | None = None
+    """the W&B entity (team or user)"""
+    wandb_group: str | None = None
+    """the W&B group (benchmarks/run.py groups the runs of one comparison)"""
+    capture_video: bool = False
+    """record an episode of env 0 every --video-interval iterations to the run's videos/ folder"""
+    video_interval: int = 100
+    """iterations between recorded training episodes"""
+    progress_bar: bool = True
+    """show a tqdm progress bar with SPS and the recent return"""
+
+    env_id: str = "FrankaReachNoVel-v0"
+    """the task: FrankaReachNoVel-v0, FrankaReach-v0, any Gymnasium id with Box spaces, or an envs.partial variant"""
+    num_envs: int | None = None
+    """parallel environments (None: preset)"""
+    vectorization_mode: Literal["sync", "async"] = "sync"
+    """Gymnasium tasks: step envs in this process or one subprocess each"""
+    total_timesteps: int | None = None
+    """environment steps to train for (None: preset)"""
+
+    learning_rate: float | None = None
+    """Adam learning rate (the initial one with --anneal-lr or --adaptive-kl; None: preset)"""
+    anneal_lr: bool | None = None
+    """anneal the learning rate linearly to 0, once per iteration (None: preset; off with --adaptive-kl)"""
+    adaptive_kl: float | None = None
+    """desired KL of rsl_rl's adaptive learning rate, adjusted per minibatch (0 turns it off; None: preset)"""
+    num_steps: int | None = None
+    """steps per env per rollout (None: preset)"""
+    gamma: float | None = None
+    """discount factor (None: preset)"""
+    gae_lambda: float | None = None
+    """lambda of generalised advantage estimation (None: preset)"""
+    num_minibatches: int | None = None
+    """minibatches per epoch (None: preset)"""
+    update_epochs: int | None = None
+    """epochs over each rollout (None: preset)"""
+    norm_adv: bool = True
+    """normalise advantages per minibatch"""
+    clip_coef: float = 0.2
+    """PPO's surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """clip the value loss around the rollout's values, as in the PPO paper's code"""
+    ent_coef: float | None = None
+    """entropy bonus coefficient (None: preset)"""
+    vf_coef: float | None = None
+    """value loss coefficient (None: preset)"""
+    max_grad_norm: float | None = None
+    """global gradient-norm clip over all parameters (None: preset)"""
+    target_kl: float | None = None
+    """stop the epochs of an iteration once approx_kl exceeds this (None: never)"""
+
+    rnn_type: Literal["gru", "lstm"] = "gru"
+    """the recurrent cell of the trunk"""
+    rnn_hidden_size: int | None = None
+    """hidden state width of each recurrent layer (None: preset)"""
+    rnn_layers: int = 1
+    """stacked recurrent layers in a trunk"""
+    shared_trunk: bool = False
+    """one recurrent trunk feeding both heads (else separate actor and critic trunks, as rsl_rl)"""
+    bptt_len: int | None = None
+    """steps per training sequence (truncated BPTT); 0 means the whole rollout, as CleanRL (None: preset)"""
+    recompute_hidden: bool = False
+    """before each epoch after the first, recompute the sequences' starting states with the current weights"""
+    hidden_sizes: tuple[int, ...] | None = None
+    """hidden layer widths of the actor and critic MLP heads on top of the trunk (None: preset)"""
+    activation: Literal["tanh", "elu", "relu"] | None = None
+    """hidden activation (None: preset)"""
+    init_log_std: float | None = None
+    """initial log standard deviation of the Gaussian policy (None: preset)"""
+    action_transform: Literal["clip", "tanh"] = "clip"
+    """clip: the env gets the Gaussian sample clipped to its bounds; tanh: squashed into them (with the log-det term)"""
+    norm_obs: bool = True
+    """normalise observations with running statistics from rollout data"""
+    norm_reward: bool = True
+    """scale rewards by the running standard deviation of the discounted return"""
+
+    checkpoint_interval: int = 50
+    """iterations between checkpoints (one is always written at the end and on Ctrl-C)"""
+    resume: str | None = None
+    """checkpoint file or run directory to continue (same run directory, step counter and curves)"""
+    eval_checkpoint: str | None = None
+    """evaluate this checkpoint instead of training"""
+    eval_episodes: int = 10
+    """episodes to evaluate (each env contributes the same number of episodes)"""
+    env_kwargs: dict[str, int | float | bool | str] | None = None
+    """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4"""
+
+    # filled in at runtime
+    batch_size: int = 0
+    """num_envs * num_steps"""
+    minibatch_size: int = 0
+    """batch_size // num_minibatches"""
+    num_sequences: int = 0
+    """num_envs * num_steps // bptt_len"""
+    num_iterations: int = 0
+    """total_timesteps // batch_size"""
+
+
+# Genesis arms: many parallel envs, short rollouts trained as whole sequences, adaptive KL (rsl_rl's recurrent
+# setup, with a smaller GRU for the CPU). Gymnasium tasks: CleanRL's defaults with 64-step sequences.
+# Per-task entries override their family.
+PENDULUM = dict(
+    num_envs=4, total_timesteps=300_000, learning_rate=1e-3, num_steps=1024, gamma=0.9, bptt_len=32,
+    num_minibatches=16, init_log_std=-0.5,
+)
+PRESETS = {
+    "genesis": dict(
+        num_envs=1024, total_timesteps=12_000_000, learning_rate=1e-3, anneal_lr=False, adaptive_kl=0.01,
+        num_steps=24, bptt_len=0, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=5, ent_coef=0.0,
+        vf_coef=1.0, max_grad_norm=1.0, rnn_hidden_size=128, hidden_sizes=(128, 64), activation="elu",
+        init_log_std=0.0,
+    ),
+    "gymnasium": dict(
+        num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, anneal_lr=True, adaptive_kl=0.0,
+        num_steps=2048, bptt_len=64, gamma=0.99, gae_lambda=0.95, num_minibatches=32, update_epochs=10,
+        ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5, rnn_hidden_size=64, hidden_sizes=(64,), activation="tanh",
+        init_log_std=0.0,
+    ),
+    "Pendulum-v1": PENDULUM,
+    "PendulumNoVel-v1": PENDULUM,
+}
+
+
+def resolve_args(args: Args) -> Args:
+    """Fills None fields from the presets, derives batch and sequence sizes and checks the flags."""
+    family = "genesis" if args.env_id in envs.GENESIS_IDS else "gymnasium"
+    preset = {**PRESETS[family], **PRESETS.get(args.env_id, {})}
+    for name, value in preset.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.adaptive_kl:
+        args.anneal_lr = False
+    if args.cuda:
+        args.policy_device = args.sim_device = "cuda"
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "rnn_hidden_size",
+                 "rnn_layers"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.bptt_len == 0:
+        args.bptt_len = args.num_steps
+    if args.bptt_len < 0 or args.num_steps % args.bptt_len:
+        raise ValueError(
+            f"--bptt-len {args.bptt_len} does not divide --num-steps {args.num_steps}; choose a divisor of "
+            f"{args.num_steps}, or 0 for whole-rollout sequences"
+        )
+    args.batch_size = args.num_envs * args.num_steps
+    args.num_sequences = args.batch_size // args.bptt_len
+    if args.num_sequences % args.num_minibatches:
+        raise ValueError(
+            f"the {args.num_sequences} sequences (--num-envs {args.num_envs} x --num-steps {args.num_steps} / "
+            f"--bptt-len {args.bptt_len}) do not divide into --num-minibatches {args.num_minibatches}; choose a "
+            f"divisor of {args.num_sequences}"
+        )
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.num_iterations < 1:
+        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.checkpoint_interval < 1:
+        raise ValueError("--checkpoint-interval must be at least 1")
+    return args
+
+
+def pick_device(name: str, flag: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{flag} cuda (or --cuda) was given but torch sees no CUDA GPU; use {flag} cpu")
+    return torch.device(name)
+
+
+def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance, merged batch by batch as (count, mean, M2) (Chan et al.), so that
+    statistics from several workers can be merged the same way."""
+
+    def __init__(self, shape=(), epsilon: float = 1e-4):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        batch_var, batch_mean = torch.var_mean(x.double(), dim=0, unbiased=False)
+        batch_count = x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        # M2 = var * count; merged M2 = M2_a + M2_b + delta^2 * n_a * n_b / n
+        self.var.mul_(self.count).add_(batch_var * batch_count + delta.square() * (self.count * batch_count / total))
+        self.var.div_(total)
+        self.mean.add_(delta * (batch_count / total))
+        self.count.copy_(total)
+
+
+class ObsNormalizer(RunningMeanStd):
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return ((obs - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0).float()
+
+
+class RewardScaler(nn.Module):
+    """Divides rewards by the running std of each env's discounted return (as Gymnasium's NormalizeReward,
+    but the running return restarts after the episode that ended, not before its last reward)."""
+
+    def __init__(self, num_envs: int, gamma: float):
+        super().__init__()
+        self.gamma = gamma
+        self.return_rms = RunningMeanStd()
+        self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64))
+
+    @torch.no_grad()
+    def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        self.returns.mul_(self.gamma).add_(reward)
+        self.return_rms.update(self.returns)
+        self.returns.masked_fill_(done, 0.0)
+        return (reward / torch.sqrt(self.return_rms.var + 1e-8)).float()
+
+
+ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU}
+
+
+def mlp(in_dim: int, hidden_sizes, out_dim: int, activation: str, out_std: float) -> nn.Sequential:
+    layers, width = [], in_dim
+    for size in hidden_sizes:
+        layers += [layer_init(nn.Linear(width, size)), ACTIVATIONS[activation]()]
+        width = size
+    return nn.Sequential(*layers, layer_init(nn.Linear(width, out_dim), std=out_std))
+
+
+def sequence_segments(starts: torch.Tensor):
+    """Splits B sequences of K steps wherever an episode starts inside them (starts[t, b], t > 0).
+
+    Returns, for the flattened b-major steps (index b * K + t): the segment of each step and its offset in the
+    segment; and per segment: its length, its sequence and whether it begins at the sequence's first step.
+    """
+    K, B = starts.shape
+    begins = starts.clone()
+    begins[0] = True
+    begins = begins.T.reshape(-1)
+    segment = begins.long().cumsum(0) - 1
+    begin_index = begins.nonzero().squeeze(1)
+    offset = torch.arange(K * B, device=starts.device) - begin_index[segment]
+    lengths = torch.diff(begin_index, append=torch.tensor([K * B], device=starts.device))
+    return segment, offset, lengths, begin_index // K, begin_index % K == 0
+
+
+class RecurrentAgent(nn.Module):
+    """GRU/LSTM trunk(s) feeding MLP actor and critic heads; a Gaussian policy with a state-independent log-std.
+
+    The recurrent state of a batch of envs is one (B, state_size) tensor: every trunk's hidden (and, for an
+    LSTM, cell) state of every layer, flattened, so that buffers and checkpoints hold it as a plain tensor.
+    Actions are scored and transformed as in ppo_continuous.py (stored unclipped; clip or tanh for the env).
+    """
+
+    def __init__(self, obs_dim, act_dim, rnn_type, rnn_hidden_size, rnn_layers, shared_trunk, hidden_sizes,
+                 activation, init_log_std, action_low, action_high, transform):
+        super().__init__()
+        rnn_class = nn.GRU if rnn_type == "gru" else nn.LSTM
+        self.trunks = nn.ModuleList(rnn_class(obs_dim, rnn_hidden_size, rnn_layers) for _ in range(1 if shared_trunk else 2))
+        for name, param in self.trunks.named_parameters():
+            if "weight" in name:
+                nn.init.orthogonal_(param, 1.0)
+            else:
+                nn.init.constant_(param, 0.0)
+        self.state_parts = 2 if rnn_type == "lstm" else 1
+        self.layers, self.hidden = rnn_layers, rnn_hidden_size
+        self.state_size = len(self.trunks) * self.state_parts * rnn_layers * rnn_hidden_size
+        self.critic = mlp(rnn_hidden_size, hidden_sizes, 1, activation, out_std=1.0)
+        self.actor_mean = mlp(rnn_hidden_size, hidden_sizes, act_dim, activation, out_std=0.01)
+        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), float(init_log_std)))
+        self.transform = transform
+        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
+        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
+
+    def initial_state(self, batch: int) -> torch.Tensor:
+        return torch.zeros(batch, self.state_size, device=self.action_low.device)
+
+    def _unpack(self, state: torch.Tensor, trunk: int):
+        """(B, state_size) -> the trunk's nn.GRU h0 (layers, B, hidden) or nn.LSTM (h0, c0)."""
+        parts = state.view(-1, len(self.trunks), self.state_parts, self.layers, self.hidden)[:, trunk]
+        parts = parts.permute(1, 2, 0, 3).contiguous()
+        return parts[0] if self.state_parts == 1 else (parts[0], parts[1])
+
+    def _pack(self, trunk_states) -> torch.Tensor:
+        parts = [torch.stack(s) if isinstance(s, tuple) else s[None] for s in trunk_states]
+        return torch.stack(parts).permute(3, 0, 1, 2, 4).reshape(parts[0].shape[2], self.state_size)
+
+    def features(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, critic_only: bool = False):
+        """Runs the trunk(s) over (K, B, obs_dim) observations from `state` (B, state_size), the state entering
+        step 0, zeroed wherever an episode starts (starts[t, b]). Returns the actor and critic features
+        (K, B, hidden) and the state after step K-1.
+
+        Without episode starts inside the sequences this is one fused GRU/LSTM call over (K, B). Otherwise each
+        sequence is split at its episode starts and all segments go through one call as a packed batch: a
+        segment that begins at an episode start starts from zeros, and no padding reaches an output.
+        """
+        K, B = starts.shape
+        state = state * ~starts[0, :, None]
+        trunks = self.trunks[-1:] if critic_only else self.trunks
+        indices = range(len(self.trunks))[-1:] if critic_only else range(len(self.trunks))
+        outputs, final_states = [], []
+        if K == 1 or not starts[1:].any():  # K == 1 (acting) never syncs with the device
+            for i, rnn in zip(indices, trunks):
+                out, final = rnn(obs, self._unpack(state, i))
+                outputs.append(out)
+                final_states.append(final)
+        else:
+            segment, offset, lengths, sequence, at_first_step = sequence_segments(starts)
+            flat_obs = obs.transpose(0, 1).reshape(K * B, -1)
+            padded = flat_obs.new_zeros(int(lengths.max()), len(lengths), flat_obs.shape[-1])
+            padded[offset, segment] = flat_obs
+            packed = nn.utils.rnn.pack_padded_sequence(padded, lengths.cpu(), enforce_sorted=False)
+            last_segment = segment.view(B, K)[:, -1]
+            for i, rnn in zip(indices, trunks):
+                initial = self._unpack(state[sequence] * at_first_step[:, None], i)
+                out, final = rnn(packed, initial)
+                out, _ = nn.utils.rnn.pad_packed_sequence(out)
+                outputs.append(out[offset, segment].view(B, K, -1).transpose(0, 1))
+                final_states.append(tuple(f[:, last_segment] for f in final) if isinstance(final, tuple)
+                                    else final[:, last_segment])
+        if critic_only:
+            return None, outputs[0], None
+        return outputs[0], outputs[-1], self._pack(final_states)
+
+    def distribution(self, features: torch.Tensor) -> Normal:
+        mean = self.actor_mean(features)
+        return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+
+    def log_prob(self, dist: Normal, action: torch.Tensor) -> torch.Tensor:
+        log_prob = dist.log_prob(action).sum(-1)
+        if self.transform == "tanh":
+            # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): finite for any u, unlike log(1 - tanh^2)
+            log_det = 2.0 * (math.log(2.0) - action - nn.functional.softplus(-2.0 * action))
+            log_prob = log_prob - (log_det + torch.log((self.action_high - self.action_low) / 2)).sum(-1)
+        return log_prob
+
+    def act(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor):
+        """One rollout step for (B, obs_dim): (action, log-prob, value, next state)."""
+        actor_features, critic_features, next_state = self.features(obs[None], state, starts[None])
+        dist = self.distribution(actor_features[0])
+        action = dist.sample()
+        return action, self.log_prob(dist, action), self.critic(critic_features[0]).squeeze(-1), next_state
+
+    def get_value(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """V of (B, obs_dim) observations after `state`; the state itself is left to the caller, unchanged."""
+        _, critic_features, _ = self.features(obs[None], state, starts[None], critic_only=True)
+        return self.critic(critic_features[0]).squeeze(-1)
+
+    def evaluate(self, obs, actions, state, starts):
+        """Log-probs, entropies and values of (K, B) sequences of stored steps, from their starting states."""
+        actor_features, critic_features, _ = self.features(obs, state, starts)
+        dist = self.distribution(actor_features)
+        return self.log_prob(dist, actions), dist.entropy().sum(-1), self.critic(critic_features).squeeze(-1)
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        if self.transform == "tanh":
+            return self.action_low + (torch.tanh(action) + 1) * (self.action_high - self.action_low) / 2
+        return action.clamp(self.action_low, self.action_high)
+
+    def mean_action(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor):
+        actor_features, _, next_state = self.features(obs[None], state, starts[None])
+        return self.env_action(self.actor_mean(actor_features[0])), next_state
+
+
+def compute_gae(rewards, values, last_value, final_values, terminated, truncated, gamma, gae_lambda):
+    """Generalised advantage estimation over a (num_steps, num_envs) rollout.
+
+    The value of the state after step t is: 0 if the episode terminated there; V(final_obs) of the ended
+    episode if it was truncated; otherwise V of the next stored observation (`last_value` after the last step).
+    Advantages never flow across an episode boundary. Returns (advantages, returns = advantages + values).
+    """
+    next_values = torch.cat([values[1:], last_value[None]])
+    next_values = torch.where(truncated, final_values, next_values)
+    next_values = torch.where(terminated, torch.zeros_like(next_values), next_values)
+    not_done = (~(terminated | truncated)).to(rewards.dtype)
+    deltas = rewards + gamma * next_values - values
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(last_value)
+    for t in reversed(range(rewards.shape[0])):
+        running = deltas[t] + gamma * gae_lambda * not_done[t] * running
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+def ppo_loss(agent, obs, actions, states, starts, old_logprobs, advantages, returns, old_values, args: Args):
+    """The clipped PPO objective on a minibatch of (K, B) sequences that start from `states` (B, state_size);
+    returns (loss, stats). Advantages are normalised here (per minibatch); returns are the value targets as they
+    are. Every step of every sequence is real data: nothing is padded, so nothing needs masking."""
+    new_logprobs, entropy, new_values = agent.evaluate(obs, actions, states, starts)
+    logratio = new_logprobs - old_logprobs
+    ratio = logratio.exp()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    if args.clip_vloss:
+        clipped = old_values + (new_values - old_values).clamp(-args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((new_values - returns).square(), (clipped - returns).square()).mean()
+    else:
+        v_loss = 0.5 * (new_values - returns).square().mean()
+    entropy = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+    with torch.no_grad():
+        stats = {
+            "policy_loss": pg_loss,
+            "value_loss": v_loss,
+            "entropy": entropy,
+            "old_approx_kl": (-logratio).mean(),
+            "approx_kl": ((ratio - 1) - logratio).mean(),
+            "clipfrac": ((ratio - 1).abs() > args.clip_coef).float().mean(),
+            "ratio_max_dev": (ratio - 1).abs().max(),
+        }
+    return loss, stats
+
+
+def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
+    """Per-parameter gradient L2 and max-abs norms (before clipping), on the first minibatch of an update."""
+    norms = {}
+    for name, param in agent.named_parameters():
+        if param.grad is not None:
+            norms[f"grad_l2/{name}"] = param.grad.norm()
+            norms[f"grad_max/{name}"] = param.grad.abs().max()
+    return norms
+
+
+def run_name_of(args: Args) -> str:
+    return f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+
+def save_checkpoint(run_dir: str, state: dict) -> str:
+    """Writes checkpoint_<iteration>.pt and points checkpoint.pt (the latest) at it. Atomic: a crash
+    mid-write leaves the previous checkpoints intact."""
+    path = os.path.join(run_dir, f"checkpoint_{state['iteration']:06d}.pt")
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    latest = os.path.join(run_dir, "checkpoint.pt")
+    try:
+        os.link(path, latest + ".tmp")
+    except FileExistsError:
+        os.remove(latest + ".tmp")
+        os.link(path, latest + ".tmp")
+    os.replace(latest + ".tmp", latest)
+    return path
+
+
+def load_checkpoint(path: str) -> dict:
+    if os.path.isdir(path):
+        path = os.path.join(path, "checkpoint.pt")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path!r}; pass a checkpoint.pt or a run directory from runs/")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def args_from_checkpoint(checkpoint: dict) -> Args:
+    saved = checkpoint["args"]
+    args = Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved})
+    args.hidden_sizes = tuple(args.hidden_sizes)  # saved as a list
+    return args
+
+
+def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render: bool = False, **overrides):
+    kwargs = dict(args.env_kwargs or {}, **overrides)
+    if args.env_id in envs.GENESIS_IDS:
+        kwargs["sim_device"] = "cpu" if args.sim_device == "cpu" else ("gpu" if args.sim_device == "cuda" else "auto")
+    else:
+        kwargs["vectorization_mode"] = args.vectorization_mode
+    if render:
+        kwargs["render_mode"] = "rgb_array"
+    return envs.make(args.env_id, num_envs=num_envs, seed=seed, device=device, **kwargs)
+
+
+def build_agent(args: Args, vec, device: torch.device) -> tuple[RecurrentAgent, ObsNormalizer]:
+    obs_dim = vec.single_observation_space.shape[0]
+    space = vec.single_action_space
+    if args.action_transform == "tanh" and not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+        raise ValueError(f"--action-transform tanh needs finite action bounds; {args.env_id} has {space}")
+    agent = RecurrentAgent(
+        obs_dim, space.shape[0], args.rnn_type, args.rnn_hidden_size, args.rnn_layers, args.shared_trunk,
+        args.hidden_sizes, args.activation, args.init_log_std, space.low, space.high, args.action_transform,
+    ).to(device)
+    return agent, ObsNormalizer((obs_dim,)).to(device)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = deterministic
+
+
+def train(args: Args) -> dict:
+    """Trains, logs to runs/<run>/ and returns a summary: final returns, global step, run directory and the
+    per-iteration metrics (`history`)."""
+    checkpoint = None
+    if args.resume:
+        checkpoint = load_checkpoint(args.resume)
+        resume_from = args.resume
+        args = args_from_checkpoint(checkpoint)
+        args.resume = resume_from
+    args = resolve_args(args)
+    policy_device = pick_device(args.policy_device, "--policy-device")
+    if args.env_id in envs.GENESIS_IDS:
+        pick_device(args.sim_device, "--sim-device")
+    seed_everything(args.seed, args.torch_deterministic)
+
+    if checkpoint is not None:
+        run_dir = checkpoint["run_dir"]
+    else:
+        run_dir = os.path.join("runs", run_name_of(args))
+    os.makedirs(run_dir, exist_ok=True)
+
+    vec = make_env(args, args.num_envs, args.seed, policy_device, render=args.capture_video)
+    agent, obs_norm = build_agent(args, vec, policy_device)
+    reward_scaler = RewardScaler(args.num_envs, args.gamma).to(policy_device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+
+    global_step, start_iteration = 0, 1
+    next_obs_raw, _ = vec.reset(seed=args.seed)
+    rnn_state = agent.initial_state(args.num_envs)  # the state entering the next step, per env
+    next_start = torch.ones(args.num_envs, dtype=torch.bool, device=policy_device)  # next step starts an episode
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        obs_norm.load_state_dict(checkpoint["obs_normalizer"])
+        reward_scaler.load_state_dict(checkpoint["reward_scaler"])
+        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        np.random.set_state(("MT19937", checkpoint["rng"]["numpy"].numpy(), *checkpoint["rng"]["numpy_rest"]))
+        random.setstate(checkpoint["rng"]["python"])
+        if checkpoint.get("env") is not None:
+            vec.load_state_dict(checkpoint["env"])
+            next_obs_raw = checkpoint["next_obs_raw"].to(policy_device)
+            rnn_state = checkpoint["rnn_state"].to(policy_device)
+            next_start = checkpoint["next_start"].to(policy_device)
+        else:
+            print("[resume] this task's env state was not saved: envs start from a fresh reset")
+    elif args.norm_obs:
+        obs_norm.update(next_obs_raw)
+
+    writer = SummaryWriter(run_dir)
+    if checkpoint is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+        with open(os.path.join(run_dir, "args.json"), "w") as f:
+            json.dump(asdict(args), f, indent=2)
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name, entity=args.wandb_entity, group=args.wandb_group,
+            sync_tensorboard=True, config=asdict(args),
+            name=os.path.basename(run_dir), dir=run_dir, resume="allow", id=os.path.basename(run_dir).replace("/", "_"),
+        )
+
+    T, N, K = args.num_steps, args.num_envs, args.bptt_len
+    obs_dim, act_dim = vec.single_observation_space.shape[0], vec.single_action_space.shape[0]
+    buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=policy_device)  # noqa: E731
+    obs_buf, final_obs_buf, actions_buf = buf(obs_dim), buf(obs_dim), buf(act_dim)
+    # The state entering each step (zero where an episode starts), and the state after it (for V(final_obs)).
+    state_buf, final_state_buf, starts_buf = buf(agent.state_size), buf(agent.state_size), buf(dtype=torch.bool)
+    logprobs_buf, rewards_buf, values_buf = buf(), buf(), buf()
+    terminated_buf, truncated_buf = buf(dtype=torch.bool), buf(dtype=torch.bool)
+    ep_return_buf, ep_length_buf, ep_mask_buf, success_buf = buf(), buf(), buf(dtype=torch.bool), buf(dtype=torch.bool)
+    has_success = args.env_id in envs.GENESIS_IDS
+    recent_returns: list[float] = []
+    history: list[dict] = []
+
+    stop_requested = False
+
+    def request_stop(signum, frame):
+        nonlocal stop_requested
+        if stop_requested:
+            raise KeyboardInterrupt
+        stop_requested = True
+        print("\nCtrl-C: finishing this iteration, then saving a checkpoint (press again to abort)", flush=True)
+
+    def checkpoint_state(iteration: int) -> dict:
+        try:
+            env_state = vec.state_dict()
+        except NotImplementedError:
+            env_state = None
+        np_state = np.random.get_state()
+        return {
+            "args": asdict(args), "run_dir": run_dir, "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+            "obs_normalizer": obs_norm.state_dict(), "reward_scaler": reward_scaler.state_dict(),
+            "global_step": global_step, "iteration": iteration, "env": env_state, "next_obs_raw": next_obs_raw.cpu(),
+            "rnn_state": rnn_state.cpu(), "next_start": next_start.cpu(),
+            "rng": {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(np_state[1].copy()),
+                    "numpy_rest": tuple(np_state[2:]), "python": random.getstate()},
+        }
+
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signals can only be set there
+    previous_handler = signal.signal(signal.SIGINT, request_stop) if in_main_thread else None
+    progress = None
+    if args.progress_bar:
+        from tqdm import tqdm
+
+        progress = tqdm(total=args.num_iterations, initial=start_iteration - 1, unit="it", dynamic_ncols=True)
+    recorder = EpisodeRecorder()
+    iteration = start_iteration - 1
+    next_obs = obs_norm(next_obs_raw) if args.norm_obs else next_obs_raw
+    try:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            if args.anneal_lr:
+                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+            if args.capture_video and (iteration - 1) % args.video_interval == 0:
+                recorder.start()
+            rollout_start = time.perf_counter()
+            reward_term_sums: dict[str, torch.Tensor] = {}
+            sim_errors = torch.zeros((), device=policy_device)
+            with torch.inference_mode():
+                for step in range(T):
+                    obs_buf[step] = next_obs
+                    rnn_state = rnn_state * ~next_start[:, None]
+                    state_buf[step], starts_buf[step] = rnn_state, next_start
+                    action, logprob, value, rnn_state = agent.act(next_obs, rnn_state, next_start)
+                    actions_buf[step], logprobs_buf[step], values_buf[step] = action, logprob, value
+                    final_state_buf[step] = rnn_state
+                    next_obs_raw, reward, terminated, truncated, info = vec.step(agent.env_action(action))
+                    done = terminated | truncated
+                    next_start = done
+                    if args.norm_obs:
+                        obs_norm.update(next_obs_raw)
+                        next_obs = obs_norm(next_obs_raw)
+                        final_obs_buf[step] = obs_norm(info["final_obs"])
+                    else:
+                        next_obs = next_obs_raw
+                        final_obs_buf[step] = info["final_obs"]
+                    rewards_buf[step] = reward_scaler(reward, done) if args.norm_reward else reward
+                    terminated_buf[step], truncated_buf[step] = terminated, truncated
+                    episode = info["episode"]
+                    ep_return_buf[step], ep_length_buf[step], ep_mask_buf[step] = episode["r"], episode["l"], episode["mask"]
+                    if has_success:
+                        success_buf[step] = info["success"]
+                    for name, term in info.get("reward_terms", {}).items():
+                        reward_term_sums[name] = reward_term_sums.get(name, 0.0) + term.mean()
+                    sim_errors += info["sim_errors"].sum()
+                    if args.capture_video:
+                        path = os.path.join(run_dir, "videos", f"train_{global_step + (step + 1) * N}.mp4")
+                        if recorder.step(vec, done, path):
+                            print(f"saved {path}")
+
+                # Bootstrap values read the carried state without advancing it: the next rollout continues
+                # from rnn_state exactly as if this iteration's update had not happened in between.
+                last_value = agent.get_value(next_obs, rnn_state, next_start)
+                continuing = torch.zeros(T * N, dtype=torch.bool, device=policy_device)
+                final_values = agent.get_value(
+                    final_obs_buf.flatten(0, 1), final_state_buf.flatten(0, 1), continuing
+                ).view(T, N)
+                advantages, returns = compute_gae(
+                    rewards_buf, values_buf, last_value, final_values, terminated_buf, truncated_buf,
+                    args.gamma, args.gae_lambda,
+                )
+            global_step += T * N
+            rollout_time = time.perf_counter() - rollout_start
+
+            update_start = time.perf_counter()
+
+            def to_sequences(x: torch.Tensor) -> torch.Tensor:
+                """(T, N, ...) -> (K, T/K * N, ...): sequence c * N + n holds env n's steps cK .. cK + K - 1."""
+                return x.view(T // K, K, N, *x.shape[2:]).transpose(0, 1).reshape(K, args.num_sequences, *x.shape[2:])
+
+            s_obs, s_actions, s_starts = to_sequences(obs_buf), to_sequences(actions_buf), to_sequences(starts_buf)
+            s_logprobs, s_values = to_sequences(logprobs_buf), to_sequences(values_buf)
+            s_advantages, s_returns = to_sequences(advantages), to_sequences(returns)
+            s_states = state_buf[::K].reshape(args.num_sequences, agent.state_size)
+            sequences_per_minibatch = args.num_sequences // args.num_minibatches
+            stat_sums: dict[str, torch.Tensor] = {}
+            first_minibatch: dict[str, torch.Tensor] = {}
+            num_updates, epochs_done = 0, 0
+            for epoch in range(args.update_epochs):
+                if args.recompute_hidden and epoch > 0:
+                    # The stored states came from the rollout's weights; rerun each env's rollout with the
+                    # current ones (no grad, T/K fused calls) so the sequences start where this policy would be.
+                    with torch.no_grad():
+                        state, chunk_states = state_buf[0], []
+                        for chunk in range(T // K):
+                            chunk_states.append(state)
+                            steps = slice(chunk * K, (chunk + 1) * K)
+                            _, _, state = agent.features(obs_buf[steps], state, starts_buf[steps])
+                        s_states = torch.stack(chunk_states).reshape(args.num_sequences, agent.state_size)
+                permutation = torch.randperm(args.num_sequences, device=policy_device)
+                for start in range(0, args.num_sequences, sequences_per_minibatch):
+                    idx = permutation[start : start + sequences_per_minibatch]
+                    loss, stats = ppo_loss(
+                        agent, s_obs[:, idx], s_actions[:, idx], s_states[idx], s_starts[:, idx], s_logprobs[:, idx],
+                        s_advantages[:, idx], s_returns[:, idx], s_values[:, idx], args,
+                    )
+                    if num_updates == 0:
+                        first_minibatch = {"ratio_max_dev": stats["ratio_max_dev"], "approx_kl": stats["approx_kl"]}
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if num_updates == 0:  # logged once per iteration: measure them once
+                        first_grad_norms = grad_norms(agent)
+                    stats["grad_norm_total"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    if args.adaptive_kl:
+                        kl = stats["approx_kl"].item()
+                        lr = optimizer.param_groups[0]["lr"]
+                        if kl > 2.0 * args.adaptive_kl:
+                            lr = max(1e-5, lr / 1.5)
+                        elif kl < 0.5 * args.adaptive_kl:
+                            lr = min(1e-2, lr * 1.5)
+                        optimizer.param_groups[0]["lr"] = lr
+                    for key, value in stats.items():
+                        stat_sums[key] = stat_sums.get(key, 0.0) + value
+                    num_updates += 1
+                epochs_done = epoch + 1
+                if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:
+                    break
+            update_time = time.perf_counter() - update_start
+
+            # One host transfer per iteration for everything that is logged.
+            with torch.no_grad():
+                b_values, b_advantages, b_returns = values_buf.flatten(), advantages.flatten(), returns.flatten()
+                var_returns = b_returns.var()
+                scalars = {f"losses/{k}": v / num_updates for k, v in stat_sums.items() if k != "ratio_max_dev"}
+                scalars.update({
+                    "losses/explained_variance": 1 - (b_returns - b_values).var() / var_returns,
+                    "debug/first_minibatch_ratio_max_dev": first_minibatch["ratio_max_dev"],
+                    "debug/first_minibatch_approx_kl": first_minibatch["approx_kl"],
+                    "policy/action_std": agent.actor_logstd.exp().mean(),
+                    "policy/action_std_min": agent.actor_logstd.exp().min(),
+                    "policy/action_std_max": agent.actor_logstd.exp().max(),
+                    "values/mean": b_values.mean(), "values/std": b_values.std(),
+                    "values/returns_mean": b_returns.mean(), "values/returns_variance": var_returns,
+                    "advantages/mean": b_advantages.mean(), "advantages/std": b_advantages.std(),
+                    "env/sim_errors": sim_errors, "policy/rnn_state_rms": state_buf.square().mean().sqrt(),
+                })
+                scalars.update({f"reward_terms/{k}": v / T for k, v in reward_term_sums.items()})
+                scalars.update({f"gradients/{k}": v for k, v in first_grad_norms.items()})
+                finished_returns = ep_return_buf[ep_mask_buf]
+                finished_lengths = ep_length_buf[ep_mask_buf]
+                finished_success = success_buf[ep_mask_buf]
+            names = list(scalars)
+            values = torch.stack([torch.as_tensor(scalars[k], dtype=torch.float64).to(policy_device) for k in names])
+            metrics = dict(zip(names, values.cpu().tolist()))
+            finished_returns, finished_lengths = finished_returns.cpu().tolist(), finished_lengths.cpu().tolist()
+            for episode_return, episode_length in zip(finished_returns, finished_lengths):
+                # One point per episode, as CleanRL logs them: benchmarks reduce over the last 100 episodes.
+                writer.add_scalar("charts/episodic_return", episode_return, global_step)
+                writer.add_scalar("charts/episodic_length", episode_length, global_step)
+            if finished_returns:
+                recent_returns = (recent_returns + finished_returns)[-100:]
+                metrics["charts/episodic_return_std"] = float(np.std(finished_returns))
+                metrics["charts/episodes"] = len(finished_returns)
+                if has_success:
+                    metrics["charts/success_rate"] = float(finished_success.float().mean())
+            iteration_time = rollout_time + update_time
+            metrics.update({
+                "charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/SPS": T * N / iteration_time,
+                "charts/update_epochs_done": epochs_done, "time/rollout_s": rollout_time, "time/update_s": update_time,
+                "time/rollout_fraction": rollout_time / iteration_time,
+            })
+            for key, value in metrics.items():
+                writer.add_scalar(key, value, global_step)
+            if finished_returns:  # in the summary only: the event file has every episode
+                metrics["charts/episodic_return"] = float(np.mean(finished_returns))
+                metrics["charts/episodic_length"] = float(np.mean(finished_lengths))
+            history.append({"iteration": iteration, "global_step": global_step, **metrics})
+            if progress is not None:
+                progress.update(1)
+                postfix = {"SPS": f"{metrics['charts/SPS']:.0f}"}
+                if recent_returns:
+                    postfix["return"] = f"{np.mean(recent_returns):.1f}"
+                if "charts/success_rate" in metrics:
+                    postfix["success"] = f"{metrics['charts/success_rate']:.2f}"
+                progress.set_postfix(postfix)
+            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stop_requested:
+                save_checkpoint(run_dir, checkpoint_state(iteration))
+            if stop_requested:
+                break
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+        if progress is not None:
+            progress.close()
+        writer.close()
+        vec.close()
+        if args.track:
+            import wandb
+
+            wandb.finish()
+    return {
+        "run_dir": run_dir,
+        "checkpoint": os.path.join(run_dir, "checkpoint.pt"),
+        "global_step": global_step,
+        "iteration": iteration,
+        "mean_recent_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
+        "history": history,
+    }
+
+
+
+@torch.inference_mode()
+def evaluate(
+    checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
+) -> dict:
+    """Runs `episodes` deterministic (mean-action) episodes with the checkpoint's frozen normaliser, carrying
+    each env's hidden state across steps and zeroing it when an episode starts.
+
+    Each env plays the same number of episodes, so short episodes are not over-counted. Genesis tasks start
+    every episode fresh (no staggering); the targets are new draws from a seed the training never used.
+    """
+    checkpoint = load_checkpoint(checkpoint_path)
+    args = args_from_checkpoint(checkpoint)
+    args.sim_device = sim_device
+    policy_device = pick_device(device, "--policy-device")
+    genesis = args.env_id in envs.GENESIS_IDS
+    num_envs = min(episodes, 1024 if genesis else 16)
+    per_env = math.ceil(episodes / num_envs)
+    overrides = {"stagger_episodes": False} if genesis else {}
+    vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, **overrides)
+    agent, obs_norm = build_agent(args, vec, policy_device)
+    agent.load_state_dict(checkpoint["model"])
+    obs_norm.load_state_dict(checkpoint["obs_normalizer"])
+    obs, _ = vec.reset()
+    state = agent.initial_state(num_envs)
+    starts = torch.ones(num_envs, dtype=torch.bool, device=policy_device)
+    returns = [[] for _ in range(num_envs)]
+    successes = [[] for _ in range(num_envs)]
+    frames = [] if capture_video else None
+    while min(len(r) for r in returns) < per_env:
+        action, state = agent.mean_action(obs_norm(obs) if args.norm_obs else obs, state, starts)
+        obs, _, terminated, truncated, info = vec.step(action)
+        starts = terminated | truncated
+        if frames is not None and len(returns[0]) == 0:
+            frames.append(vec.render())
+        episode = info["episode"]
+        for i in episode["mask"].nonzero().flatten().tolist():
+            if len(returns[i]) < per_env:
+                returns[i].append(float(episode["r"][i]))
+                if genesis:
+                    successes[i].append(bool(info["success"][i]))
+    vec.close()
+    flat_returns = [r for env_returns in returns for r in env_returns]
+    result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
+              "std_return": float(np.std(flat_returns))}
+    if genesis:
+        result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
+    if frames:
+        run_dir = os.path.dirname(os.path.abspath(checkpoint_path)) if not os.path.isdir(checkpoint_path) else checkpoint_path
+        result["video"] = os.path.join(run_dir, "videos", "eval.mp4")
+        write_video(frames, result["video"])
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    cli_args = tyro.cli(Args)
+    try:
+        if cli_args.eval_checkpoint:
+            evaluate(cli_args.eval_checkpoint, cli_args.eval_episodes, cli_args.capture_video,
+                     cli_args.policy_device, cli_args.sim_device)
+        else:
+            train(cli_args)
+    except (ValueError, FileNotFoundError) as error:  # bad flags: the message names the flag and the fix
+        raise SystemExit(f"error: {error}") from None

@@ -1,0 +1,259 @@
+"""ppo_recurrent.py: DESIGN.md §6 items 5, 11 and 13 for recurrent policies, each test named after its bug."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import ppo_recurrent as ppo
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMING_KEYS = ("charts/SPS", "time/rollout_s", "time/update_s", "time/rollout_fraction")
+TRUNKS = [("gru", True, 1), ("gru", False, 2), ("lstm", True, 2), ("lstm", False, 1)]
+
+
+def small_args(tmp_path, **overrides):
+    """PendulumNoVel with 24-step episodes, so that 8-step sequences hold episode starts at every offset."""
+    os.chdir(tmp_path)
+    defaults = dict(env_id="PendulumNoVel-v1", num_envs=3, num_steps=32, bptt_len=8, num_minibatches=4,
+                    update_epochs=2, total_timesteps=3 * 32 * 3, rnn_hidden_size=16, hidden_sizes=(16,),
+                    env_kwargs={"max_episode_steps": 21}, progress_bar=False)
+    return ppo.Args(**{**defaults, **overrides})
+
+
+def metrics_without_timing(history):
+    return [{k: v for k, v in h.items() if k not in TIMING_KEYS} for h in history]
+
+
+def make_agent(rnn_type="gru", shared=False, layers=1, obs_dim=3, hidden=8, seed=0):
+    torch.manual_seed(seed)
+    return ppo.RecurrentAgent(obs_dim, 2, rnn_type, hidden, layers, shared, (8,), "tanh", 0.0,
+                              np.array([-1.0, -1.0]), np.array([1.0, 1.0]), "clip")
+
+
+def step_by_step(agent, obs, state, starts):
+    """The rollout's computation: one step at a time, zeroing the state where an episode starts."""
+    actor, critic = [], []
+    for t in range(obs.shape[0]):
+        state = state * ~starts[t, :, None]
+        a, c, state = agent.features(obs[t : t + 1], state, starts[t : t + 1])
+        actor.append(a[0])
+        critic.append(c[0])
+    return torch.stack(actor), torch.stack(critic), state
+
+
+def random_sequences(agent, K=9, B=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(K, B, 3, generator=g)
+    state = torch.randn(B, agent.state_size, generator=g)
+    starts = torch.rand(K, B, generator=g) < 0.25
+    starts[:, 0] = False  # one sequence without any episode start
+    starts[0, 1] = True  # one that starts an episode on its first step
+    starts[3, 2] = starts[4, 2] = True  # a one-step episode inside a sequence
+    starts[K - 1, 3] = True  # an episode that starts on the last step
+    return obs, state, starts
+
+
+# ---------------------------------------------------------------- 11: sequences in training == the rollout
+@pytest.mark.parametrize("rnn_type,shared,layers", TRUNKS)
+def test_sequence_forward_reproduces_the_step_by_step_rollout(rnn_type, shared, layers):
+    """Bugs: not zeroing the state at an episode start inside a sequence, starting a segment from the wrong
+    state, scattering segment outputs back to the wrong steps, or reading padding."""
+    agent = make_agent(rnn_type, shared, layers)
+    obs, state, starts = random_sequences(agent)
+    with torch.no_grad():
+        expected_actor, expected_critic, expected_state = step_by_step(agent, obs, state, starts)
+        actor, critic, final_state = agent.features(obs, state, starts)
+    torch.testing.assert_close(actor, expected_actor, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(critic, expected_critic, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(final_state, expected_state, atol=1e-5, rtol=1e-5)
+    if not shared:
+        assert not torch.allclose(actor, critic)  # separate trunks really are separate
+
+
+@pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
+def test_nothing_before_an_episode_start_reaches_the_steps_after_it(rnn_type):
+    """Bug: the hidden state (or an observation) of a previous episode leaks into the next one in training."""
+    agent = make_agent(rnn_type, layers=2)
+    obs, state, starts = random_sequences(agent)
+    with torch.no_grad():
+        actor, critic, _ = agent.features(obs, state, starts)
+        noisy_obs = obs + 10 * torch.randn_like(obs)
+        mask = torch.zeros(obs.shape[:2], dtype=torch.bool)
+        for b in range(obs.shape[1]):
+            begins = torch.where(starts[:, b])[0]
+            if len(begins):
+                mask[begins[0]:, b] = True
+        noisy_obs[mask] = obs[mask]  # change only steps before each sequence's first episode start
+        noisy_actor, noisy_critic, _ = agent.features(noisy_obs, state + 5.0, starts)
+    assert mask.any() and (~mask).any()
+    torch.testing.assert_close(noisy_actor[mask], actor[mask])
+    torch.testing.assert_close(noisy_critic[mask], critic[mask])
+    assert not torch.allclose(noisy_actor[~mask], actor[~mask])  # the perturbation did matter before the start
+
+
+@pytest.mark.parametrize("rnn_type,shared,layers", TRUNKS)
+def test_first_minibatch_has_ratio_one_and_zero_kl(tmp_path, rnn_type, shared, layers):
+    """Bug: training sequences that do not rebuild the rollout's hidden states (wrong starting state, missed
+    reset, off-by-one sequence cut), or observations re-normalised with newer statistics."""
+    summary = ppo.train(small_args(tmp_path, rnn_type=rnn_type, shared_trunk=shared, rnn_layers=layers,
+                                   init_log_std=0.5))
+    for h in summary["history"]:
+        assert h["debug/first_minibatch_ratio_max_dev"] < 1e-4
+        assert abs(h["debug/first_minibatch_approx_kl"]) < 1e-6
+        assert h["losses/approx_kl"] > 0  # later minibatches did move the policy
+
+
+def test_recomputed_states_equal_the_stored_ones_while_the_weights_do_not_change(tmp_path):
+    """Bug: --recompute-hidden starting sequences from the wrong chunk or without the episode resets."""
+    history = ppo.train(small_args(tmp_path, recompute_hidden=True, learning_rate=0.0, anneal_lr=False,
+                                   adaptive_kl=0.0, update_epochs=3))["history"]
+    for h in history:  # every minibatch of every epoch: the policy that acted, scored on the same states
+        assert abs(h["losses/approx_kl"]) < 1e-6 and h["losses/clipfrac"] == 0.0
+
+
+# ---------------------------------------------------------------- 5: hidden state at episode starts, bootstrap
+def test_stored_state_is_zero_at_every_episode_start_and_sequences_start_from_the_stored_state(tmp_path, monkeypatch):
+    """Bugs: carrying the hidden state into a new episode, or training sequences that start from some other
+    state (or step) than the one the rollout stored for their first step."""
+    acted, trained = [], []
+    original_act, original_loss = ppo.RecurrentAgent.act, ppo.ppo_loss
+
+    def recording_act(self, obs, state, starts):
+        acted.append((obs.clone(), state.clone(), starts.clone()))
+        return original_act(self, obs, state, starts)
+
+    def recording_loss(agent, obs, actions, states, starts, *rest):
+        trained.append((obs.clone(), states.clone(), starts.clone()))
+        return original_loss(agent, obs, actions, states, starts, *rest)
+
+    monkeypatch.setattr(ppo.RecurrentAgent, "act", recording_act)
+    monkeypatch.setattr(ppo, "ppo_loss", recording_loss)
+    args = small_args(tmp_path, update_epochs=1, num_minibatches=1)
+    ppo.train(args)
+    obs, states, starts = (torch.stack([a[i] for a in acted]) for i in range(3))
+    assert starts.sum() >= 9 and (~starts).sum() > 0
+    assert (states[starts] == 0).all()
+    assert (states[~starts].abs().sum(-1) > 0).all()
+    T, K = args.num_steps, args.bptt_len
+    for iteration, (sequence_obs, sequence_states, sequence_starts) in enumerate(trained):
+        rollout = slice(iteration * T, (iteration + 1) * T)
+        first_obs = obs[rollout][::K].flatten(0, 1)  # every (chunk, env): the observation of its first step
+        first_states = states[rollout][::K].flatten(0, 1)
+        first_starts = starts[rollout][::K].flatten(0, 1)
+        # Match each shuffled training sequence to the rollout step whose observation it starts with.
+        match = torch.cdist(sequence_obs[0], first_obs).argmin(1)
+        assert sorted(match.tolist()) == list(range(len(first_obs)))
+        torch.testing.assert_close(sequence_states, first_states[match])
+        assert torch.equal(sequence_starts[0], first_starts[match])
+        for k in range(K):  # and the sequence holds the next K steps of that env, in order
+            torch.testing.assert_close(sequence_obs[k], obs[rollout][k::K].flatten(0, 1)[match])
+
+
+def test_bootstrap_value_does_not_advance_the_carried_state(tmp_path, monkeypatch):
+    """Bug: computing V(next_obs) by stepping the recurrent trunk and keeping its state, so the next rollout
+    starts one observation ahead (the last observation is consumed twice)."""
+    acted = []
+    original_act = ppo.RecurrentAgent.act
+
+    def recording_act(self, obs, state, starts):
+        out = original_act(self, obs, state, starts)
+        acted.append((state.clone(), starts.clone(), out[3].clone()))
+        return out
+
+    monkeypatch.setattr(ppo.RecurrentAgent, "act", recording_act)
+    args = small_args(tmp_path)
+    ppo.train(args)
+    for boundary in range(args.num_steps, len(acted), args.num_steps):
+        _, _, state_after_last_step = acted[boundary - 1]
+        state_in, starts_in, _ = acted[boundary]
+        torch.testing.assert_close(state_in, state_after_last_step * ~starts_in[:, None])
+        assert (~starts_in).any()
+
+
+# ---------------------------------------------------------------- 13: reproducibility, resume, evaluation
+def test_same_seed_gives_identical_metrics_and_another_seed_does_not(tmp_path):
+    """Bug: unseeded sampling, permutation, initial state or env somewhere in the loop."""
+    first = ppo.train(small_args(tmp_path, seed=3))["history"]
+    second = ppo.train(small_args(tmp_path, seed=3))["history"]
+    other = ppo.train(small_args(tmp_path, seed=4))["history"]
+    assert metrics_without_timing(first) == metrics_without_timing(second)
+    assert metrics_without_timing(first) != metrics_without_timing(other)
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run_hidden_state_included(tmp_path):
+    """Bug: resuming from a fresh (zero) hidden state or a fresh episode instead of the carried ones."""
+    straight = ppo.train(small_args(tmp_path, total_timesteps=4 * 96, checkpoint_interval=2))
+    midpoint = os.path.join(straight["run_dir"], "checkpoint_000002.pt")
+    assert torch.load(midpoint, weights_only=True)["rnn_state"].abs().sum() > 0
+    resumed = ppo.train(ppo.Args(resume=midpoint, progress_bar=False))
+    assert [h["iteration"] for h in resumed["history"]] == [3, 4]
+    assert metrics_without_timing(resumed["history"]) == metrics_without_timing(straight["history"][2:])
+
+
+def test_evaluation_resets_the_hidden_state_at_episode_starts_and_freezes_the_normaliser(tmp_path, monkeypatch):
+    """Bugs: evaluation carrying memory across episodes, or updating the observation statistics."""
+    summary = ppo.train(small_args(tmp_path))
+    seen = []
+    original = ppo.RecurrentAgent.mean_action
+
+    def recording(self, obs, state, starts):
+        seen.append((state.clone(), starts.clone()))
+        return original(self, obs, state, starts)
+
+    monkeypatch.setattr(ppo.RecurrentAgent, "mean_action", recording)
+    monkeypatch.setattr(ppo.RunningMeanStd, "update", lambda *a: pytest.fail("normaliser updated in evaluation"))
+    result = ppo.evaluate(summary["checkpoint"], episodes=17, device="cpu")  # 16 envs, 2 episodes each
+    assert result["episodes"] == 32 and np.isfinite(result["mean_return"])
+    starts = torch.stack([st for _, st in seen])
+    assert starts[0].all() and starts[21].all()  # 21-step episodes: the second starts at step 21
+    later = torch.stack([s for s, _ in seen])[1:21]
+    assert (later.abs().sum(-1) > 0).all()  # memory is carried inside an episode
+
+
+# ---------------------------------------------------------------- CLI and errors
+def run_cli(*flags, cwd):
+    return subprocess.run([sys.executable, os.path.join(REPO, "ppo_recurrent.py"), *flags], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_help_lists_the_recurrent_flags(tmp_path):
+    result = run_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for flag in ("--rnn-type", "--bptt-len", "--shared-trunk", "--recompute-hidden", "--resume"):
+        assert flag in result.stdout
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--bptt-len", "7"], "--bptt-len 7"),
+        (["--num-minibatches", "5"], "--num-minibatches 5"),
+        (["--rnn-hidden-size", "0"], "--rnn-hidden-size"),
+        (["--env-id", "PendulumNoVell-v1"], "PendulumNoVel-v1"),
+        (["--resume", "runs/nowhere"], "no checkpoint"),
+    ],
+)
+def test_bad_flags_give_a_clear_error_naming_the_flag(tmp_path, flags, message):
+    if flags[0] not in ("--env-id", "--resume"):
+        flags = ["--env-id", "PendulumNoVel-v1", *flags]
+    result = run_cli(*flags, "--no-progress-bar", cwd=tmp_path)
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------- learning and the Genesis path
+def test_franka_reach_novel_trains_and_evaluates(tmp_path):
+    """Bug: the Genesis path (success, reward terms, staggered episode starts) breaks the recurrent script."""
+    args = small_args(tmp_path, env_id="FrankaReachNoVel-v0", num_envs=16, num_steps=8, bptt_len=0,
+                      num_minibatches=2, total_timesteps=16 * 8 * 3, sim_device="cpu", policy_device="cpu",
+                      env_kwargs={"max_episode_steps": 10})
+    summary = ppo.train(args)
+    last = summary["history"][-1]
+    assert "charts/success_rate" in last and last["reward_terms/distance"] < 0
+    assert all(h["debug/first_minibatch_ratio_max_dev"] < 1e-4 for h in summary["history"])
+    result = ppo.evaluate(summary["checkpoint"], episodes=4, device="cpu", sim_device="cpu")
+    assert result["episodes"] == 4 and 0.0 <= result["success_rate"] <= 1.0
