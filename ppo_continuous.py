@@ -153,6 +153,7 @@ PRESETS = {
         num_minibatches=64, init_log_std=-0.5,
     ),
 }
+PRESETS["PendulumNoVel-v1"] = PRESETS["Pendulum-v1"]  # the memory-less baseline for ppo_recurrent.py
 
 
 def resolve_args(args: Args) -> Args:

@@ -1,7 +1,8 @@
-"""Success rate of a FrankaReach-v0 run against wall time and steps, from its event file and checkpoints.
+"""Success rate of a FrankaReach run against wall time and steps, from its event file and checkpoints.
 
     python ppo_continuous.py --exp-name default                       # the default command, ~18 min on 2 cores
     python benchmarks/franka_curve.py --run-dir runs/FrankaReach-v0__default__1__<time>
+    python benchmarks/franka_curve.py --run-dir runs/FrankaReachNoVel-v0__default__1__<time>   # ppo_recurrent.py
 
 Training success (with exploration noise) comes from the TensorBoard events (TensorBoard's own reader).
 Evaluation success (mean action, frozen normaliser, fresh targets, --episodes episodes) is measured here on
@@ -11,6 +12,8 @@ every periodic checkpoint. Writes a PNG and a Markdown table into --out-dir.
 from __future__ import annotations
 
 import glob
+import importlib
+import json
 import os
 import re
 import sys
@@ -25,7 +28,6 @@ import tyro  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import ppo_continuous  # noqa: E402
 
 
 @dataclass
@@ -36,9 +38,20 @@ class Args:
     """evaluation episodes per checkpoint"""
     out_dir: str = "benchmarks/results"
     """where the PNG and the Markdown table go"""
+    script: str | None = None
+    """the script that trained the run (None: recognised from its args.json)"""
+
+
+def script_of(run_dir: str) -> str:
+    with open(os.path.join(run_dir, "args.json")) as f:
+        saved = json.load(f)
+    return "ppo_recurrent" if "rnn_type" in saved else "ppo_transformer" if "context_len" in saved else "ppo_continuous"
 
 
 def main(args: Args) -> str:
+    script = args.script or script_of(args.run_dir)
+    module = importlib.import_module(script)
+    stem = "franka_reach_success" + ("" if script == "ppo_continuous" else f"_{script.removeprefix('ppo_')}")
     events = EventAccumulator(args.run_dir, size_guidance={"scalars": 0})
     events.Reload()
     train = events.Scalars("charts/success_rate")
@@ -50,7 +63,7 @@ def main(args: Args) -> str:
     rows = []
     for path in sorted(glob.glob(os.path.join(args.run_dir, "checkpoint_*.pt"))):
         step = torch.load(path, map_location="cpu", weights_only=True)["global_step"]
-        result = ppo_continuous.evaluate(path, episodes=args.episodes, device="cpu", sim_device="cpu")
+        result = module.evaluate(path, episodes=args.episodes, device="cpu", sim_device="cpu")
         iteration = int(re.search(r"checkpoint_(\d+)", path).group(1))
         rows.append((iteration, step, wall_of_step.get(step, float("nan")), result["success_rate"], result["mean_return"]))
 
@@ -67,15 +80,17 @@ def main(args: Args) -> str:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("success rate (within 2 cm at episode end)")
     axes[0].legend(loc="lower right")
-    fig.suptitle("ppo_continuous.py on FrankaReach-v0, default command")
+    with open(os.path.join(args.run_dir, "args.json")) as f:
+        env_id = json.load(f)["env_id"]
+    fig.suptitle(f"{script}.py on {env_id}, default command")
     fig.tight_layout()
-    png = os.path.join(args.out_dir, "franka_reach_success.png")
+    png = os.path.join(args.out_dir, f"{stem}.png")
     fig.savefig(png, dpi=120)
 
     table = ["| iteration | steps | wall time | eval success | eval mean return |", "|---:|---:|---:|---:|---:|"]
     table += [f"| {i} | {s:,} | {w / 60:.1f} min | {sr:.3f} | {ret:.1f} |" for i, s, w, sr, ret in rows]
     text = "\n".join(table) + "\n"
-    with open(os.path.join(args.out_dir, "franka_reach_success.md"), "w") as f:
+    with open(os.path.join(args.out_dir, f"{stem}.md"), "w") as f:
         f.write(f"Run: `{os.path.basename(os.path.normpath(args.run_dir))}`\n\n" + text)
     print(text)
     return text
