@@ -110,6 +110,8 @@ class Args:
     """stacked recurrent layers in a trunk"""
     shared_trunk: bool = False
     """one recurrent trunk feeding both heads (else separate actor and critic trunks, as rsl_rl)"""
+    heads_see_obs: bool = True
+    """the actor and critic heads get the current observation beside the trunk's output (a skip connection)"""
     bptt_len: int | None = None
     """steps per training sequence (truncated BPTT); 0 means the whole rollout, as CleanRL (None: preset)"""
     recompute_hidden: bool = False
@@ -160,7 +162,7 @@ PRESETS = {
     "genesis": dict(
         num_envs=1024, total_timesteps=6_000_000, learning_rate=1e-3, anneal_lr=False, adaptive_kl=0.01,
         num_steps=24, bptt_len=0, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=5, ent_coef=0.0,
-        vf_coef=1.0, max_grad_norm=1.0, rnn_hidden_size=128, hidden_sizes=(128, 64), activation="elu",
+        vf_coef=1.0, max_grad_norm=1.0, rnn_hidden_size=64, hidden_sizes=(128, 64), activation="elu",
         init_log_std=0.0,
     ),
     "gymnasium": dict(
@@ -309,8 +311,8 @@ class RecurrentAgent(nn.Module):
     Actions are scored and transformed as in ppo_continuous.py (stored unclipped; clip or tanh for the env).
     """
 
-    def __init__(self, obs_dim, act_dim, rnn_type, rnn_hidden_size, rnn_layers, shared_trunk, hidden_sizes,
-                 activation, init_log_std, action_low, action_high, transform):
+    def __init__(self, obs_dim, act_dim, rnn_type, rnn_hidden_size, rnn_layers, shared_trunk, heads_see_obs,
+                 hidden_sizes, activation, init_log_std, action_low, action_high, transform):
         super().__init__()
         rnn_class = nn.GRU if rnn_type == "gru" else nn.LSTM
         self.trunks = nn.ModuleList(rnn_class(obs_dim, rnn_hidden_size, rnn_layers) for _ in range(1 if shared_trunk else 2))
@@ -322,8 +324,10 @@ class RecurrentAgent(nn.Module):
         self.state_parts = 2 if rnn_type == "lstm" else 1
         self.layers, self.hidden = rnn_layers, rnn_hidden_size
         self.state_size = len(self.trunks) * self.state_parts * rnn_layers * rnn_hidden_size
-        self.critic = mlp(rnn_hidden_size, hidden_sizes, 1, activation, out_std=1.0)
-        self.actor_mean = mlp(rnn_hidden_size, hidden_sizes, act_dim, activation, out_std=0.01)
+        self.heads_see_obs = heads_see_obs
+        head_input = rnn_hidden_size + (obs_dim if heads_see_obs else 0)
+        self.critic = mlp(head_input, hidden_sizes, 1, activation, out_std=1.0)
+        self.actor_mean = mlp(head_input, hidden_sizes, act_dim, activation, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.full((1, act_dim), float(init_log_std)))
         self.transform = transform
         self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
@@ -342,42 +346,45 @@ class RecurrentAgent(nn.Module):
         parts = [torch.stack(s) if isinstance(s, tuple) else s[None] for s in trunk_states]
         return torch.stack(parts).permute(3, 0, 1, 2, 4).reshape(parts[0].shape[2], self.state_size)
 
-    def features(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, critic_only: bool = False):
+    def features(self, obs, state, starts, critic_only: bool = False, final_state: bool = True):
         """Runs the trunk(s) over (K, B, obs_dim) observations from `state` (B, state_size), the state entering
         step 0, zeroed wherever an episode starts (starts[t, b]). Returns the actor and critic features
-        (K, B, hidden) and the state after step K-1.
+        (K, B, hidden [+ obs_dim]) and the state after step K-1 (if `final_state`).
 
-        Without episode starts inside the sequences this is one fused GRU/LSTM call over (K, B). Otherwise each
-        sequence is split at its episode starts and all segments go through one call as a packed batch: a
-        segment that begins at an episode start starts from zeros, and no padding reaches an output.
+        Without episode starts inside the sequences this is one GRU/LSTM call over (K, B). Otherwise each
+        sequence is split at its episode starts and all segments go through one call side by side, each from
+        its own initial state (zeros at an episode start), end-padded to the longest: an output never depends
+        on a later step, so the padding reaches no output that is read. The state after the last step needs
+        the segments packed instead (about twice as slow on CPU), so that is only done when asked for.
         """
         K, B = starts.shape
         state = state * ~starts[0, :, None]
-        trunks = self.trunks[-1:] if critic_only else self.trunks
-        indices = range(len(self.trunks))[-1:] if critic_only else range(len(self.trunks))
+        indices = [len(self.trunks) - 1] if critic_only else range(len(self.trunks))
         outputs, final_states = [], []
         if K == 1 or not starts[1:].any():  # K == 1 (acting) never syncs with the device
-            for i, rnn in zip(indices, trunks):
-                out, final = rnn(obs, self._unpack(state, i))
+            for i in indices:
+                out, final = self.trunks[i](obs, self._unpack(state, i))
                 outputs.append(out)
                 final_states.append(final)
         else:
             segment, offset, lengths, sequence, at_first_step = sequence_segments(starts)
             flat_obs = obs.transpose(0, 1).reshape(K * B, -1)
-            padded = flat_obs.new_zeros(int(lengths.max()), len(lengths), flat_obs.shape[-1])
-            padded[offset, segment] = flat_obs
-            packed = nn.utils.rnn.pack_padded_sequence(padded, lengths.cpu(), enforce_sorted=False)
+            segments = flat_obs.new_zeros(int(lengths.max()), len(lengths), flat_obs.shape[-1])
+            segments[offset, segment] = flat_obs
+            if final_state:
+                segments = nn.utils.rnn.pack_padded_sequence(segments, lengths.cpu(), enforce_sorted=False)
             last_segment = segment.view(B, K)[:, -1]
-            for i, rnn in zip(indices, trunks):
-                initial = self._unpack(state[sequence] * at_first_step[:, None], i)
-                out, final = rnn(packed, initial)
-                out, _ = nn.utils.rnn.pad_packed_sequence(out)
+            for i in indices:
+                out, final = self.trunks[i](segments, self._unpack(state[sequence] * at_first_step[:, None], i))
+                if final_state:
+                    out, _ = nn.utils.rnn.pad_packed_sequence(out)
+                    final_states.append(tuple(f[:, last_segment] for f in final) if isinstance(final, tuple)
+                                        else final[:, last_segment])
                 outputs.append(out[offset, segment].view(B, K, -1).transpose(0, 1))
-                final_states.append(tuple(f[:, last_segment] for f in final) if isinstance(final, tuple)
-                                    else final[:, last_segment])
-        if critic_only:
-            return None, outputs[0], None
-        return outputs[0], outputs[-1], self._pack(final_states)
+        if self.heads_see_obs:
+            outputs = [torch.cat([out, obs], -1) for out in outputs]
+        next_state = self._pack(final_states) if final_state and not critic_only else None
+        return (None if critic_only else outputs[0]), outputs[-1], next_state
 
     def distribution(self, features: torch.Tensor) -> Normal:
         mean = self.actor_mean(features)
@@ -400,12 +407,12 @@ class RecurrentAgent(nn.Module):
 
     def get_value(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """V of (B, obs_dim) observations after `state`; the state itself is left to the caller, unchanged."""
-        _, critic_features, _ = self.features(obs[None], state, starts[None], critic_only=True)
+        _, critic_features, _ = self.features(obs[None], state, starts[None], critic_only=True, final_state=False)
         return self.critic(critic_features[0]).squeeze(-1)
 
     def evaluate(self, obs, actions, state, starts):
         """Log-probs, entropies and values of (K, B) sequences of stored steps, from their starting states."""
-        actor_features, critic_features, _ = self.features(obs, state, starts)
+        actor_features, critic_features, _ = self.features(obs, state, starts, final_state=False)
         dist = self.distribution(actor_features)
         return self.log_prob(dist, actions), dist.entropy().sum(-1), self.critic(critic_features).squeeze(-1)
 
@@ -532,7 +539,7 @@ def build_agent(args: Args, vec, device: torch.device) -> tuple[RecurrentAgent, 
         raise ValueError(f"--action-transform tanh needs finite action bounds; {args.env_id} has {space}")
     agent = RecurrentAgent(
         obs_dim, space.shape[0], args.rnn_type, args.rnn_hidden_size, args.rnn_layers, args.shared_trunk,
-        args.hidden_sizes, args.activation, args.init_log_std, space.low, space.high, args.action_transform,
+        args.heads_see_obs, args.hidden_sizes, args.activation, args.init_log_std, space.low, space.high, args.action_transform,
     ).to(device)
     return agent, ObsNormalizer((obs_dim,)).to(device)
 

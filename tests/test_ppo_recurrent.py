@@ -30,9 +30,9 @@ def metrics_without_timing(history):
     return [{k: v for k, v in h.items() if k not in TIMING_KEYS} for h in history]
 
 
-def make_agent(rnn_type="gru", shared=False, layers=1, obs_dim=3, hidden=8, seed=0):
+def make_agent(rnn_type="gru", shared=False, layers=1, obs_dim=3, hidden=8, seed=0, heads_see_obs=False):
     torch.manual_seed(seed)
-    return ppo.RecurrentAgent(obs_dim, 2, rnn_type, hidden, layers, shared, (8,), "tanh", 0.0,
+    return ppo.RecurrentAgent(obs_dim, 2, rnn_type, hidden, layers, shared, heads_see_obs, (8,), "tanh", 0.0,
                               np.array([-1.0, -1.0]), np.array([1.0, 1.0]), "clip")
 
 
@@ -68,21 +68,24 @@ def test_sequence_forward_reproduces_the_step_by_step_rollout(rnn_type, shared, 
     obs, state, starts = random_sequences(agent)
     with torch.no_grad():
         expected_actor, expected_critic, expected_state = step_by_step(agent, obs, state, starts)
-        actor, critic, final_state = agent.features(obs, state, starts)
+        actor, critic, final_state = agent.features(obs, state, starts)  # packed segments
+        padded_actor, padded_critic, _ = agent.features(obs, state, starts, final_state=False)  # end-padded
     torch.testing.assert_close(actor, expected_actor, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(critic, expected_critic, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(final_state, expected_state, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(padded_actor, expected_actor, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(padded_critic, expected_critic, atol=1e-5, rtol=1e-5)
     if not shared:
         assert not torch.allclose(actor, critic)  # separate trunks really are separate
 
 
-@pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
-def test_nothing_before_an_episode_start_reaches_the_steps_after_it(rnn_type):
+@pytest.mark.parametrize("rnn_type,packed", [("gru", True), ("gru", False), ("lstm", True), ("lstm", False)])
+def test_nothing_before_an_episode_start_reaches_the_steps_after_it(rnn_type, packed):
     """Bug: the hidden state (or an observation) of a previous episode leaks into the next one in training."""
-    agent = make_agent(rnn_type, layers=2)
+    agent = make_agent(rnn_type, layers=2, heads_see_obs=True)
     obs, state, starts = random_sequences(agent)
     with torch.no_grad():
-        actor, critic, _ = agent.features(obs, state, starts)
+        actor, critic, _ = agent.features(obs, state, starts, final_state=packed)
         noisy_obs = obs + 10 * torch.randn_like(obs)
         mask = torch.zeros(obs.shape[:2], dtype=torch.bool)
         for b in range(obs.shape[1]):
@@ -90,7 +93,7 @@ def test_nothing_before_an_episode_start_reaches_the_steps_after_it(rnn_type):
             if len(begins):
                 mask[begins[0]:, b] = True
         noisy_obs[mask] = obs[mask]  # change only steps before each sequence's first episode start
-        noisy_actor, noisy_critic, _ = agent.features(noisy_obs, state + 5.0, starts)
+        noisy_actor, noisy_critic, _ = agent.features(noisy_obs, state + 5.0, starts, final_state=packed)
     assert mask.any() and (~mask).any()
     torch.testing.assert_close(noisy_actor[mask], actor[mask])
     torch.testing.assert_close(noisy_critic[mask], critic[mask])
