@@ -1,0 +1,963 @@
+"""PPO for continuous actions with a causal transformer policy, in one file (CleanRL style).
+
+    python ppo_transformer.py                                 # FrankaReach-v0, each observation as 4 tokens
+    python ppo_transformer.py --env-id PendulumNoVel-v1       # history: one token per step, last 8 steps
+    python ppo_transformer.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 1000
+
+Tokens: each of the last --context-len steps of the current episode is projected into --num-tokens tokens of
+--token-dim. The policy attends over the window ending at the current step (never across an episode start,
+never to a later step) and reads the action from the current step's tokens. The rollout keeps each env's
+last K-1 observations and their episode ids across rollouts; the update rebuilds exactly the same windows.
+Documented in README.md, section "ppo_transformer.py"; conventions as ppo_continuous.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions import Normal
+from torch.utils.tensorboard import SummaryWriter
+
+import envs
+from envs.video import EpisodeRecorder, write_video
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment, part of the run directory"""
+    seed: int = 1
+    """seed of the experiment (torch, numpy, python and the environments)"""
+    torch_deterministic: bool = True
+    """sets `torch.backends.cudnn.deterministic`"""
+    cuda: bool = False
+    """CleanRL's flag: shorthand for --policy-device cuda --sim-device cuda"""
+    policy_device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where the networks, normalisers and rollout buffers live (auto: cuda if available)"""
+    sim_device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where Genesis simulates (auto: cuda if available); Gymnasium tasks always step on the CPU"""
+    track: bool = False
+    """log to Weights & Biases as well as TensorBoard (WANDB_MODE=offline works without a network)"""
+    wandb_project_name: str = "ppo-transformer"
+    """the W&B project"""
+    wandb_entity: str | None = None
+    """the W&B entity (team or user)"""
+    wandb_group: str | None = None
+    """the W&B group (benchmarks/run.py groups the runs of one comparison)"""
+    capture_video: bool = False
+    """record an episode of env 0 every --video-interval iterations to the run's videos/ folder"""
+    video_interval: int = 100
+    """iterations between recorded training episodes"""
+    progress_bar: bool = True
+    """show a tqdm progress bar with SPS and the recent return"""
+
+    env_id: str = "FrankaReach-v0"
+    """the task: FrankaReach-v0, any Gymnasium id with Box spaces, or a variant from envs.partial"""
+    num_envs: int | None = None
+    """parallel environments (None: preset)"""
+    vectorization_mode: Literal["sync", "async"] = "sync"
+    """Gymnasium tasks: step envs in this process or one subprocess each"""
+    total_timesteps: int | None = None
+    """environment steps to train for (None: preset)"""
+
+    learning_rate: float | None = None
+    """Adam learning rate (the initial one with --anneal-lr or --adaptive-kl; None: preset)"""
+    anneal_lr: bool | None = None
+    """anneal the learning rate linearly to 0, once per iteration (None: preset; off with --adaptive-kl)"""
+    adaptive_kl: float | None = None
+    """desired KL of rsl_rl's adaptive learning rate, adjusted per minibatch (0 turns it off; None: preset)"""
+    num_steps: int | None = None
+    """steps per env per rollout (None: preset)"""
+    gamma: float | None = None
+    """discount factor (None: preset)"""
+    gae_lambda: float | None = None
+    """lambda of generalised advantage estimation (None: preset)"""
+    num_minibatches: int | None = None
+    """minibatches per epoch (None: preset)"""
+    update_epochs: int | None = None
+    """epochs over each rollout (None: preset)"""
+    norm_adv: bool = True
+    """normalise advantages per minibatch"""
+    clip_coef: float = 0.2
+    """PPO's surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """clip the value loss around the rollout's values, as in the PPO paper's code"""
+    ent_coef: float | None = None
+    """entropy bonus coefficient (None: preset)"""
+    vf_coef: float | None = None
+    """value loss coefficient (None: preset)"""
+    max_grad_norm: float | None = None
+    """global gradient-norm clip over all parameters (None: preset)"""
+    target_kl: float | None = None
+    """stop the epochs of an iteration once approx_kl exceeds this (None: never)"""
+
+    context_len: int | None = None
+    """steps of the current episode the policy attends over, the current one included (None: preset)"""
+    num_tokens: int | None = None
+    """tokens each observation is projected into (None: preset)"""
+    token_dim: int | None = None
+    """width of a token (the transformer's model dimension) (None: preset)"""
+    num_heads: int | None = None
+    """attention heads per layer (must divide --token-dim) (None: preset)"""
+    num_layers: int | None = None
+    """transformer blocks (None: preset)"""
+    ff_mult: int = 2
+    """feed-forward width as a multiple of --token-dim"""
+    pre_ln: bool = True
+    """LayerNorm before each attention and feed-forward branch (pre-LN); off: after the residual sum (post-LN)"""
+    gated: bool = False
+    """GTrXL-style GRU gates in place of the residual additions"""
+    small_init: bool = True
+    """initialise each branch's output projection 100x smaller, so training starts close to an MLP on the tokens"""
+    pos_encoding: Literal["learned", "sinusoidal"] = "learned"
+    """position encoding over the window's tokens"""
+    critic: Literal["shared", "mlp"] | None = None
+    """value from the transformer's features, or from a separate MLP on the current observation (None: preset)"""
+    hidden_sizes: tuple[int, ...] | None = None
+    """hidden widths of the MLP head on the transformer, and of the MLP critic (None: preset)"""
+    activation: Literal["tanh", "elu", "relu"] | None = None
+    """hidden activation (None: preset)"""
+    init_log_std: float | None = None
+    """initial log standard deviation of the Gaussian policy (None: preset)"""
+    action_transform: Literal["clip", "tanh"] = "clip"
+    """clip: the env gets the Gaussian sample clipped to its bounds; tanh: squashed into them (with the log-det term)"""
+    norm_obs: bool = True
+    """normalise observations with running statistics from rollout data"""
+    norm_reward: bool = True
+    """scale rewards by the running standard deviation of the discounted return"""
+
+    checkpoint_interval: int = 50
+    """iterations between checkpoints (one is always written at the end and on Ctrl-C)"""
+    resume: str | None = None
+    """checkpoint file or run directory to continue (same run directory, step counter and curves)"""
+    eval_checkpoint: str | None = None
+    """evaluate this checkpoint instead of training"""
+    eval_episodes: int = 10
+    """episodes to evaluate (each env contributes the same number of episodes)"""
+    env_kwargs: dict[str, int | float | bool | str] | None = None
+    """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4"""
+
+    # filled in at runtime
+    batch_size: int = 0
+    """num_envs * num_steps"""
+    minibatch_size: int = 0
+    """batch_size // num_minibatches"""
+    num_iterations: int = 0
+    """total_timesteps // batch_size"""
+
+
+# Genesis arms: token mode (one step, each observation as 4 tokens) with the MLP script's PPO settings.
+# Gymnasium tasks: history mode (one token per step over the last 8 steps) with CleanRL's settings.
+# Per-task entries override their family.
+PENDULUM = dict(
+    num_envs=4, total_timesteps=300_000, learning_rate=1e-3, num_steps=1024, gamma=0.9, num_minibatches=16,
+    init_log_std=-0.5,
+)
+PRESETS = {
+    "genesis": dict(
+        num_envs=1024, total_timesteps=12_000_000, learning_rate=1e-3, anneal_lr=False, adaptive_kl=0.01,
+        num_steps=24, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=5, ent_coef=0.0,
+        vf_coef=1.0, max_grad_norm=1.0, context_len=1, num_tokens=4, token_dim=32, num_heads=2, num_layers=2,
+        critic="mlp", hidden_sizes=(128, 64), activation="elu", init_log_std=0.0,
+    ),
+    "gymnasium": dict(
+        num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, anneal_lr=True, adaptive_kl=0.0,
+        num_steps=2048, gamma=0.99, gae_lambda=0.95, num_minibatches=32, update_epochs=10, ent_coef=0.0,
+        vf_coef=0.5, max_grad_norm=0.5, context_len=8, num_tokens=1, token_dim=64, num_heads=4, num_layers=2,
+        critic="shared", hidden_sizes=(64,), activation="tanh", init_log_std=0.0,
+    ),
+    "Pendulum-v1": PENDULUM,
+    "PendulumNoVel-v1": PENDULUM,
+}
+
+
+def resolve_args(args: Args) -> Args:
+    """Fills None fields from the presets, derives batch sizes and checks the flags."""
+    family = "genesis" if args.env_id in envs.GENESIS_IDS else "gymnasium"
+    preset = {**PRESETS[family], **PRESETS.get(args.env_id, {})}
+    for name, value in preset.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.adaptive_kl:
+        args.anneal_lr = False
+    if args.cuda:
+        args.policy_device = args.sim_device = "cuda"
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "context_len",
+                 "num_tokens", "token_dim", "num_heads", "num_layers", "ff_mult"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.token_dim % args.num_heads:
+        raise ValueError(f"--num-heads {args.num_heads} does not divide --token-dim {args.token_dim}")
+    args.batch_size = args.num_envs * args.num_steps
+    if args.batch_size % args.num_minibatches:
+        raise ValueError(
+            f"the batch (--num-envs {args.num_envs} x --num-steps {args.num_steps} = {args.batch_size}) does not "
+            f"divide into --num-minibatches {args.num_minibatches}; choose a divisor of {args.batch_size}"
+        )
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.num_iterations < 1:
+        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.checkpoint_interval < 1:
+        raise ValueError("--checkpoint-interval must be at least 1")
+    return args
+
+
+def pick_device(name: str, flag: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{flag} cuda (or --cuda) was given but torch sees no CUDA GPU; use {flag} cpu")
+    return torch.device(name)
+
+
+def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance, merged batch by batch as (count, mean, M2) (Chan et al.), so that
+    statistics from several workers can be merged the same way."""
+
+    def __init__(self, shape=(), epsilon: float = 1e-4):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        batch_var, batch_mean = torch.var_mean(x.double(), dim=0, unbiased=False)
+        batch_count = x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        # M2 = var * count; merged M2 = M2_a + M2_b + delta^2 * n_a * n_b / n
+        self.var.mul_(self.count).add_(batch_var * batch_count + delta.square() * (self.count * batch_count / total))
+        self.var.div_(total)
+        self.mean.add_(delta * (batch_count / total))
+        self.count.copy_(total)
+
+
+class ObsNormalizer(RunningMeanStd):
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return ((obs - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0).float()
+
+
+class RewardScaler(nn.Module):
+    """Divides rewards by the running std of each env's discounted return (as Gymnasium's NormalizeReward,
+    but the running return restarts after the episode that ended, not before its last reward)."""
+
+    def __init__(self, num_envs: int, gamma: float):
+        super().__init__()
+        self.gamma = gamma
+        self.return_rms = RunningMeanStd()
+        self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64))
+
+    @torch.no_grad()
+    def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        self.returns.mul_(self.gamma).add_(reward)
+        self.return_rms.update(self.returns)
+        self.returns.masked_fill_(done, 0.0)
+        return (reward / torch.sqrt(self.return_rms.var + 1e-8)).float()
+
+
+ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU}
+
+
+def mlp(in_dim: int, hidden_sizes, out_dim: int, activation: str, out_std: float) -> nn.Sequential:
+    layers, width = [], in_dim
+    for size in hidden_sizes:
+        layers += [layer_init(nn.Linear(width, size)), ACTIVATIONS[activation]()]
+        width = size
+    return nn.Sequential(*layers, layer_init(nn.Linear(width, out_dim), std=out_std))
+
+
+class GRUGate(nn.Module):
+    """GTrXL's gating layer (Parisotto et al., 2020): the residual stream x is updated by the branch output y like
+    a GRU state, g(x, y) = (1 - z) x + z h. The bias on z starts at 2, so the block starts close to the identity."""
+
+    def __init__(self, dim: int, bias: float = 2.0):
+        super().__init__()
+        self.from_branch = nn.Linear(dim, 3 * dim, bias=False)
+        self.from_stream = nn.Linear(dim, 2 * dim, bias=False)
+        self.candidate = nn.Linear(dim, dim, bias=False)
+        self.bias = nn.Parameter(torch.full((dim,), bias))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        y_r, y_z, y_h = self.from_branch(y).chunk(3, -1)
+        x_r, x_z = self.from_stream(x).chunk(2, -1)
+        r = torch.sigmoid(y_r + x_r)
+        z = torch.sigmoid(y_z + x_z - self.bias)
+        return (1 - z) * x + z * torch.tanh(y_h + self.candidate(r * x))
+
+
+class Block(nn.Module):
+    """Self-attention and feed-forward branches, each wrapped as pre-LN (x + f(LN(x))) or post-LN (LN(x + f(x))),
+    with the addition replaced by a GRU gate if `gated`."""
+
+    def __init__(self, dim: int, heads: int, ff_mult: int, pre_ln: bool, gated: bool, small_init: bool):
+        super().__init__()
+        self.heads, self.pre_ln = heads, pre_ln
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.ff = nn.Sequential(nn.Linear(dim, ff_mult * dim), nn.GELU(), nn.Linear(ff_mult * dim, dim))
+        self.norms = nn.ModuleList([nn.LayerNorm(dim), nn.LayerNorm(dim)])
+        self.gates = nn.ModuleList([GRUGate(dim), GRUGate(dim)]) if gated else None
+        if small_init:  # branches start ~100x quieter than the stream: attention grows in as it becomes useful
+            for layer in (self.out, self.ff[-1]):
+                layer.weight.data.mul_(0.01)
+                layer.bias.data.zero_()
+
+    def attention(self, x: torch.Tensor, key_mask: torch.Tensor | None, diagnostics: dict | None) -> torch.Tensor:
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, L): True = may attend
+        if diagnostics is None:
+            y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:  # the same attention, written out to read its weights
+            scores = q @ k.transpose(-1, -2) / math.sqrt(D // self.heads)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = scores.softmax(-1)
+            entropy = -(weights * weights.clamp_min(1e-12).log()).sum(-1)  # (B, heads, L)
+            diagnostics["attention_entropy"].append(entropy[:, :, -diagnostics["current_tokens"]:].mean((0, 2)))
+            y = weights @ v
+        return self.out(y.transpose(1, 2).reshape(B, L, D))
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None, diagnostics: dict | None = None):
+        branches = (lambda h: self.attention(h, key_mask, diagnostics), self.ff)
+        for i, branch in enumerate(branches):
+            update = branch(self.norms[i](x) if self.pre_ln else x)
+            if diagnostics is not None:
+                diagnostics["residual_ratio"].append(update.norm(dim=-1).mean() / x.norm(dim=-1).mean())
+            combined = self.gates[i](x, update) if self.gates is not None else x + update
+            x = combined if self.pre_ln else self.norms[i](combined)
+        return x
+
+
+def sinusoidal_encoding(length: int, dim: int) -> torch.Tensor:
+    position = torch.arange(length, dtype=torch.float32)[:, None]
+    frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    encoding = torch.zeros(length, dim)
+    encoding[:, 0::2] = torch.sin(position * frequency)
+    encoding[:, 1::2] = torch.cos(position * frequency)[:, : dim // 2]
+    return encoding
+
+
+class TransformerAgent(nn.Module):
+    """A transformer over a window of the last K steps (K * M tokens); a Gaussian policy with a state-independent
+    log-std on the current step's M output tokens; the critic shares those features or is an MLP on the current
+    observation. Actions are scored and transformed as in ppo_continuous.py (stored unclipped; clip or tanh).
+
+    Inputs are windows (B, K, obs_dim) whose last step is the current one, with `valid` (B, K) marking the steps
+    of the current episode. Tokens of other steps are masked as keys; the current step is always valid, so no
+    query row is ever fully masked and attention never produces NaN.
+    """
+
+    def __init__(self, obs_dim, act_dim, args: Args, action_low, action_high):
+        super().__init__()
+        K, M, D = args.context_len, args.num_tokens, args.token_dim
+        self.context_len, self.num_tokens, self.token_dim = K, M, D
+        self.embed = layer_init(nn.Linear(obs_dim, M * D), std=1.0)
+        if args.pos_encoding == "learned":
+            self.position = nn.Parameter(0.02 * torch.randn(K * M, D))
+        else:
+            self.register_buffer("position", sinusoidal_encoding(K * M, D))
+        self.blocks = nn.ModuleList(
+            Block(D, args.num_heads, args.ff_mult, args.pre_ln, args.gated, args.small_init) for _ in range(args.num_layers)
+        )
+        self.final_norm = nn.LayerNorm(D) if args.pre_ln else nn.Identity()
+        self.actor_mean = mlp(M * D, args.hidden_sizes, act_dim, args.activation, out_std=0.01)
+        self.shared_critic = args.critic == "shared"
+        self.critic = mlp(M * D if self.shared_critic else obs_dim, args.hidden_sizes, 1, args.activation, out_std=1.0)
+        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), float(args.init_log_std)))
+        self.transform = args.action_transform
+        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
+        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
+
+    def features(self, windows: torch.Tensor, valid: torch.Tensor, diagnostics: dict | None = None) -> torch.Tensor:
+        """(B, K, obs_dim) windows -> (B, M * D) features of the current step's tokens."""
+        B = windows.shape[0]
+        tokens = self.embed(windows).view(B, self.context_len * self.num_tokens, self.token_dim) + self.position
+        key_mask = valid.repeat_interleave(self.num_tokens, dim=1) if self.context_len > 1 else None
+        if diagnostics is not None:
+            diagnostics["current_tokens"] = self.num_tokens
+        for block in self.blocks:
+            tokens = block(tokens, key_mask, diagnostics)
+        return self.final_norm(tokens[:, -self.num_tokens:]).flatten(1)
+
+    def value(self, features: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+        return self.critic(features if self.shared_critic else windows[:, -1]).squeeze(-1)
+
+    def get_value(self, windows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        if not self.shared_critic:
+            return self.critic(windows[:, -1]).squeeze(-1)
+        return self.value(self.features(windows, valid), windows)
+
+    def distribution(self, features: torch.Tensor) -> Normal:
+        mean = self.actor_mean(features)
+        return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+
+    def log_prob(self, dist: Normal, action: torch.Tensor) -> torch.Tensor:
+        log_prob = dist.log_prob(action).sum(-1)
+        if self.transform == "tanh":
+            # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): finite for any u, unlike log(1 - tanh^2)
+            log_det = 2.0 * (math.log(2.0) - action - nn.functional.softplus(-2.0 * action))
+            log_prob = log_prob - (log_det + torch.log((self.action_high - self.action_low) / 2)).sum(-1)
+        return log_prob
+
+    def act(self, windows: torch.Tensor, valid: torch.Tensor):
+        features = self.features(windows, valid)
+        dist = self.distribution(features)
+        action = dist.sample()
+        return action, self.log_prob(dist, action), self.value(features, windows)
+
+    def evaluate(self, windows: torch.Tensor, valid: torch.Tensor, action: torch.Tensor):
+        features = self.features(windows, valid)
+        dist = self.distribution(features)
+        return self.log_prob(dist, action), dist.entropy().sum(-1), self.value(features, windows)
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        if self.transform == "tanh":
+            return self.action_low + (torch.tanh(action) + 1) * (self.action_high - self.action_low) / 2
+        return action.clamp(self.action_low, self.action_high)
+
+    def mean_action(self, windows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return self.env_action(self.actor_mean(self.features(windows, valid)))
+
+
+class Context:
+    """Each env's last K observations (the current one last) and the episode id of each, carried across
+    steps and rollouts; `valid` marks the steps of the current episode."""
+
+    def __init__(self, num_envs: int, context_len: int, obs_dim: int, device: torch.device):
+        self.obs = torch.zeros(num_envs, context_len, obs_dim, device=device)
+        self.episode = torch.full((num_envs, context_len), -1, dtype=torch.long, device=device)
+        self.episode_id = torch.zeros(num_envs, dtype=torch.long, device=device)  # of the next observation
+
+    def push(self, obs: torch.Tensor) -> None:
+        self.obs = torch.cat([self.obs[:, 1:], obs[:, None]], 1)
+        self.episode = torch.cat([self.episode[:, 1:], self.episode_id[:, None]], 1)
+
+    def valid(self) -> torch.Tensor:
+        return self.episode == self.episode[:, -1:]
+
+    def end_episodes(self, done: torch.Tensor) -> None:
+        self.episode_id += done
+
+    def state_dict(self) -> dict:
+        return {"obs": self.obs.cpu(), "episode": self.episode.cpu(), "episode_id": self.episode_id.cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        device = self.obs.device
+        self.obs, self.episode, self.episode_id = (state[k].to(device) for k in ("obs", "episode", "episode_id"))
+
+
+def rollout_windows(context_obs, context_episode, obs, episode):
+    """Rebuilds every step's window from the rollout: context_* (K-1, N, ...) are the steps before the rollout,
+    obs/episode (T, N, ...) the rollout's. Returns windows (T, N, K, obs_dim) and valid (T, N, K)."""
+    K = context_obs.shape[0] + 1
+    all_obs = torch.cat([context_obs, obs])  # (T + K - 1, N, obs_dim)
+    all_episode = torch.cat([context_episode, episode])
+    windows = all_obs.unfold(0, K, 1).permute(0, 1, 3, 2)  # window of step t: steps t .. t + K - 1 of all_obs
+    window_episode = all_episode.unfold(0, K, 1)
+    return windows, window_episode == window_episode[..., -1:]
+
+
+def compute_gae(rewards, values, last_value, final_values, terminated, truncated, gamma, gae_lambda):
+    """Generalised advantage estimation over a (num_steps, num_envs) rollout.
+
+    The value of the state after step t is: 0 if the episode terminated there; V(final_obs) of the ended
+    episode if it was truncated; otherwise V of the next stored observation (`last_value` after the last step).
+    Advantages never flow across an episode boundary. Returns (advantages, returns = advantages + values).
+    """
+    next_values = torch.cat([values[1:], last_value[None]])
+    next_values = torch.where(truncated, final_values, next_values)
+    next_values = torch.where(terminated, torch.zeros_like(next_values), next_values)
+    not_done = (~(terminated | truncated)).to(rewards.dtype)
+    deltas = rewards + gamma * next_values - values
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(last_value)
+    for t in reversed(range(rewards.shape[0])):
+        running = deltas[t] + gamma * gae_lambda * not_done[t] * running
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+def ppo_loss(agent, windows, valid, actions, old_logprobs, advantages, returns, old_values, args: Args):
+    """The clipped PPO objective on one minibatch of steps, each seen through its window; returns (loss, stats).
+    Advantages are normalised here (per minibatch); returns are the value targets as they are."""
+    new_logprobs, entropy, new_values = agent.evaluate(windows, valid, actions)
+    logratio = new_logprobs - old_logprobs
+    ratio = logratio.exp()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    if args.clip_vloss:
+        clipped = old_values + (new_values - old_values).clamp(-args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((new_values - returns).square(), (clipped - returns).square()).mean()
+    else:
+        v_loss = 0.5 * (new_values - returns).square().mean()
+    entropy = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+    with torch.no_grad():
+        stats = {
+            "policy_loss": pg_loss,
+            "value_loss": v_loss,
+            "entropy": entropy,
+            "old_approx_kl": (-logratio).mean(),
+            "approx_kl": ((ratio - 1) - logratio).mean(),
+            "clipfrac": ((ratio - 1).abs() > args.clip_coef).float().mean(),
+            "ratio_max_dev": (ratio - 1).abs().max(),
+        }
+    return loss, stats
+
+
+def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
+    """Per-parameter gradient L2 and max-abs norms (before clipping), on the first minibatch of an update, and
+    the max-abs per transformer layer."""
+    norms, layer_max = {}, {}
+    for name, param in agent.named_parameters():
+        if param.grad is not None:
+            norms[f"grad_l2/{name}"] = param.grad.norm()
+            norms[f"grad_max/{name}"] = param.grad.abs().max()
+            if name.startswith("blocks."):
+                layer = f"grad_max_layer/{name.split('.')[1]}"
+                layer_max[layer] = torch.maximum(layer_max.get(layer, norms[f"grad_max/{name}"]), norms[f"grad_max/{name}"])
+    return {**norms, **layer_max}
+
+
+def run_name_of(args: Args) -> str:
+    return f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+
+def save_checkpoint(run_dir: str, state: dict) -> str:
+    """Writes checkpoint_<iteration>.pt and points checkpoint.pt (the latest) at it. Atomic: a crash
+    mid-write leaves the previous checkpoints intact."""
+    path = os.path.join(run_dir, f"checkpoint_{state['iteration']:06d}.pt")
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    latest = os.path.join(run_dir, "checkpoint.pt")
+    try:
+        os.link(path, latest + ".tmp")
+    except FileExistsError:
+        os.remove(latest + ".tmp")
+        os.link(path, latest + ".tmp")
+    os.replace(latest + ".tmp", latest)
+    return path
+
+
+def load_checkpoint(path: str) -> dict:
+    if os.path.isdir(path):
+        path = os.path.join(path, "checkpoint.pt")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path!r}; pass a checkpoint.pt or a run directory from runs/")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def args_from_checkpoint(checkpoint: dict) -> Args:
+    saved = checkpoint["args"]
+    args = Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved})
+    args.hidden_sizes = tuple(args.hidden_sizes)  # saved as a list
+    return args
+
+
+def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render: bool = False, **overrides):
+    kwargs = dict(args.env_kwargs or {}, **overrides)
+    if args.env_id in envs.GENESIS_IDS:
+        kwargs["sim_device"] = "cpu" if args.sim_device == "cpu" else ("gpu" if args.sim_device == "cuda" else "auto")
+    else:
+        kwargs["vectorization_mode"] = args.vectorization_mode
+    if render:
+        kwargs["render_mode"] = "rgb_array"
+    return envs.make(args.env_id, num_envs=num_envs, seed=seed, device=device, **kwargs)
+
+
+def build_agent(args: Args, vec, device: torch.device) -> tuple[TransformerAgent, ObsNormalizer]:
+    obs_dim = vec.single_observation_space.shape[0]
+    space = vec.single_action_space
+    if args.action_transform == "tanh" and not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+        raise ValueError(f"--action-transform tanh needs finite action bounds; {args.env_id} has {space}")
+    agent = TransformerAgent(obs_dim, space.shape[0], args, space.low, space.high).to(device)
+    return agent, ObsNormalizer((obs_dim,)).to(device)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = deterministic
+
+
+def train(args: Args) -> dict:
+    """Trains, logs to runs/<run>/ and returns a summary: final returns, global step, run directory and the
+    per-iteration metrics (`history`)."""
+    checkpoint = None
+    if args.resume:
+        checkpoint = load_checkpoint(args.resume)
+        resume_from = args.resume
+        args = args_from_checkpoint(checkpoint)
+        args.resume = resume_from
+    args = resolve_args(args)
+    policy_device = pick_device(args.policy_device, "--policy-device")
+    if args.env_id in envs.GENESIS_IDS:
+        pick_device(args.sim_device, "--sim-device")
+    seed_everything(args.seed, args.torch_deterministic)
+
+    if checkpoint is not None:
+        run_dir = checkpoint["run_dir"]
+    else:
+        run_dir = os.path.join("runs", run_name_of(args))
+    os.makedirs(run_dir, exist_ok=True)
+
+    vec = make_env(args, args.num_envs, args.seed, policy_device, render=args.capture_video)
+    agent, obs_norm = build_agent(args, vec, policy_device)
+    reward_scaler = RewardScaler(args.num_envs, args.gamma).to(policy_device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+
+    global_step, start_iteration = 0, 1
+    next_obs_raw, _ = vec.reset(seed=args.seed)
+    obs_dim = vec.single_observation_space.shape[0]
+    context = Context(args.num_envs, args.context_len, obs_dim, policy_device)
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        obs_norm.load_state_dict(checkpoint["obs_normalizer"])
+        reward_scaler.load_state_dict(checkpoint["reward_scaler"])
+        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        np.random.set_state(("MT19937", checkpoint["rng"]["numpy"].numpy(), *checkpoint["rng"]["numpy_rest"]))
+        random.setstate(checkpoint["rng"]["python"])
+        if checkpoint.get("env") is not None:
+            vec.load_state_dict(checkpoint["env"])
+            next_obs_raw = checkpoint["next_obs_raw"].to(policy_device)
+            context.load_state_dict(checkpoint["context"])
+        else:
+            print("[resume] this task's env state was not saved: envs start from a fresh reset")
+    elif args.norm_obs:
+        obs_norm.update(next_obs_raw)
+
+    writer = SummaryWriter(run_dir)
+    if checkpoint is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+        with open(os.path.join(run_dir, "args.json"), "w") as f:
+            json.dump(asdict(args), f, indent=2)
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name, entity=args.wandb_entity, group=args.wandb_group,
+            sync_tensorboard=True, config=asdict(args),
+            name=os.path.basename(run_dir), dir=run_dir, resume="allow", id=os.path.basename(run_dir).replace("/", "_"),
+        )
+
+    T, N, K = args.num_steps, args.num_envs, args.context_len
+    act_dim = vec.single_action_space.shape[0]
+    buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=policy_device)  # noqa: E731
+    obs_buf, final_obs_buf, actions_buf = buf(obs_dim), buf(obs_dim), buf(act_dim)
+    episode_buf = buf(dtype=torch.long)  # the episode id of each step: windows never reach into another episode
+    logprobs_buf, rewards_buf, values_buf = buf(), buf(), buf()
+    terminated_buf, truncated_buf = buf(dtype=torch.bool), buf(dtype=torch.bool)
+    ep_return_buf, ep_length_buf, ep_mask_buf, success_buf = buf(), buf(), buf(dtype=torch.bool), buf(dtype=torch.bool)
+    has_success = args.env_id in envs.GENESIS_IDS
+    recent_returns: list[float] = []
+    history: list[dict] = []
+
+    stop_requested = False
+
+    def request_stop(signum, frame):
+        nonlocal stop_requested
+        if stop_requested:
+            raise KeyboardInterrupt
+        stop_requested = True
+        print("\nCtrl-C: finishing this iteration, then saving a checkpoint (press again to abort)", flush=True)
+
+    def checkpoint_state(iteration: int) -> dict:
+        try:
+            env_state = vec.state_dict()
+        except NotImplementedError:
+            env_state = None
+        np_state = np.random.get_state()
+        return {
+            "args": asdict(args), "run_dir": run_dir, "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+            "obs_normalizer": obs_norm.state_dict(), "reward_scaler": reward_scaler.state_dict(),
+            "global_step": global_step, "iteration": iteration, "env": env_state, "next_obs_raw": next_obs_raw.cpu(),
+            "context": context.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(np_state[1].copy()),
+                    "numpy_rest": tuple(np_state[2:]), "python": random.getstate()},
+        }
+
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signals can only be set there
+    previous_handler = signal.signal(signal.SIGINT, request_stop) if in_main_thread else None
+    progress = None
+    if args.progress_bar:
+        from tqdm import tqdm
+
+        progress = tqdm(total=args.num_iterations, initial=start_iteration - 1, unit="it", dynamic_ncols=True)
+    recorder = EpisodeRecorder()
+    iteration = start_iteration - 1
+    next_obs = obs_norm(next_obs_raw) if args.norm_obs else next_obs_raw
+    try:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            if args.anneal_lr:
+                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+            if args.capture_video and (iteration - 1) % args.video_interval == 0:
+                recorder.start()
+            rollout_start = time.perf_counter()
+            reward_term_sums: dict[str, torch.Tensor] = {}
+            sim_errors = torch.zeros((), device=policy_device)
+            with torch.inference_mode():
+                # The K-1 steps before this rollout: the update rebuilds the windows from them and the rollout.
+                context_obs, context_episode = context.obs[:, 1:].transpose(0, 1), context.episode[:, 1:].transpose(0, 1)
+                for step in range(T):
+                    obs_buf[step] = next_obs
+                    context.push(next_obs)
+                    episode_buf[step] = context.episode_id
+                    action, logprob, value = agent.act(context.obs, context.valid())
+                    actions_buf[step], logprobs_buf[step], values_buf[step] = action, logprob, value
+                    next_obs_raw, reward, terminated, truncated, info = vec.step(agent.env_action(action))
+                    done = terminated | truncated
+                    context.end_episodes(done)
+                    if args.norm_obs:
+                        obs_norm.update(next_obs_raw)
+                        next_obs = obs_norm(next_obs_raw)
+                        final_obs_buf[step] = obs_norm(info["final_obs"])
+                    else:
+                        next_obs = next_obs_raw
+                        final_obs_buf[step] = info["final_obs"]
+                    rewards_buf[step] = reward_scaler(reward, done) if args.norm_reward else reward
+                    terminated_buf[step], truncated_buf[step] = terminated, truncated
+                    episode = info["episode"]
+                    ep_return_buf[step], ep_length_buf[step], ep_mask_buf[step] = episode["r"], episode["l"], episode["mask"]
+                    if has_success:
+                        success_buf[step] = info["success"]
+                    for name, term in info.get("reward_terms", {}).items():
+                        reward_term_sums[name] = reward_term_sums.get(name, 0.0) + term.mean()
+                    sim_errors += info["sim_errors"].sum()
+                    if args.capture_video:
+                        path = os.path.join(run_dir, "videos", f"train_{global_step + (step + 1) * N}.mp4")
+                        if recorder.step(vec, done, path):
+                            print(f"saved {path}")
+
+                # V(next_obs) sees next_obs's window without pushing it: the next rollout's first step does that.
+                next_windows = torch.cat([context.obs[:, 1:], next_obs[:, None]], 1)
+                next_episode = torch.cat([context.episode[:, 1:], context.episode_id[:, None]], 1)
+                last_value = agent.get_value(next_windows, next_episode == context.episode_id[:, None])
+                windows, valid = rollout_windows(context_obs, context_episode, obs_buf, episode_buf)
+                # A truncated episode's final_obs continues the window of its last step.
+                final_windows = torch.cat([windows[:, :, 1:], final_obs_buf[:, :, None]], 2).flatten(0, 1)
+                final_valid = torch.cat([valid[:, :, 1:], torch.ones_like(valid[:, :, :1])], 2).flatten(0, 1)
+                final_values = agent.get_value(final_windows, final_valid).view(T, N)
+                advantages, returns = compute_gae(
+                    rewards_buf, values_buf, last_value, final_values, terminated_buf, truncated_buf,
+                    args.gamma, args.gae_lambda,
+                )
+            global_step += T * N
+            rollout_time = time.perf_counter() - rollout_start
+
+            update_start = time.perf_counter()
+            b_windows, b_valid = windows.reshape(T * N, K, obs_dim), valid.reshape(T * N, K)
+            b_actions = actions_buf.flatten(0, 1)
+            b_logprobs, b_values = logprobs_buf.flatten(), values_buf.flatten()
+            b_advantages, b_returns = advantages.flatten(), returns.flatten()
+            stat_sums: dict[str, torch.Tensor] = {}
+            first_minibatch: dict[str, torch.Tensor] = {}
+            num_updates, epochs_done = 0, 0
+            for epoch in range(args.update_epochs):
+                permutation = torch.randperm(args.batch_size, device=policy_device)
+                for start in range(0, args.batch_size, args.minibatch_size):
+                    idx = permutation[start : start + args.minibatch_size]
+                    loss, stats = ppo_loss(
+                        agent, b_windows[idx], b_valid[idx], b_actions[idx], b_logprobs[idx], b_advantages[idx],
+                        b_returns[idx], b_values[idx], args,
+                    )
+                    if num_updates == 0:
+                        first_minibatch = {"ratio_max_dev": stats["ratio_max_dev"], "approx_kl": stats["approx_kl"]}
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if num_updates == 0:  # logged once per iteration: measure them once
+                        first_grad_norms = grad_norms(agent)
+                    stats["grad_norm_total"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    if args.adaptive_kl:
+                        kl = stats["approx_kl"].item()
+                        lr = optimizer.param_groups[0]["lr"]
+                        if kl > 2.0 * args.adaptive_kl:
+                            lr = max(1e-5, lr / 1.5)
+                        elif kl < 0.5 * args.adaptive_kl:
+                            lr = min(1e-2, lr * 1.5)
+                        optimizer.param_groups[0]["lr"] = lr
+                    for key, value in stats.items():
+                        stat_sums[key] = stat_sums.get(key, 0.0) + value
+                    num_updates += 1
+                epochs_done = epoch + 1
+                if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:
+                    break
+            update_time = time.perf_counter() - update_start
+
+            # One host transfer per iteration for everything that is logged.
+            with torch.no_grad():
+                diagnostics = {"attention_entropy": [], "residual_ratio": []}
+                agent.features(b_windows[:256], b_valid[:256], diagnostics)
+                var_returns = b_returns.var()
+                scalars = {f"losses/{k}": v / num_updates for k, v in stat_sums.items() if k != "ratio_max_dev"}
+                scalars.update({
+                    "losses/explained_variance": 1 - (b_returns - b_values).var() / var_returns,
+                    "debug/first_minibatch_ratio_max_dev": first_minibatch["ratio_max_dev"],
+                    "debug/first_minibatch_approx_kl": first_minibatch["approx_kl"],
+                    "policy/action_std": agent.actor_logstd.exp().mean(),
+                    "policy/action_std_min": agent.actor_logstd.exp().min(),
+                    "policy/action_std_max": agent.actor_logstd.exp().max(),
+                    "values/mean": b_values.mean(), "values/std": b_values.std(),
+                    "values/returns_mean": b_returns.mean(), "values/returns_variance": var_returns,
+                    "advantages/mean": b_advantages.mean(), "advantages/std": b_advantages.std(),
+                    "env/sim_errors": sim_errors,
+                })
+                scalars.update({f"reward_terms/{k}": v / T for k, v in reward_term_sums.items()})
+                scalars.update({f"gradients/{k}": v for k, v in first_grad_norms.items()})
+                for layer, entropy in enumerate(diagnostics["attention_entropy"]):
+                    scalars.update({f"attention/entropy_layer{layer}_head{h}": e for h, e in enumerate(entropy)})
+                for i, ratio in enumerate(diagnostics["residual_ratio"]):
+                    scalars[f"residual/update_ratio_layer{i // 2}_{('attention', 'ff')[i % 2]}"] = ratio
+                finished_returns = ep_return_buf[ep_mask_buf]
+                finished_lengths = ep_length_buf[ep_mask_buf]
+                finished_success = success_buf[ep_mask_buf]
+            names = list(scalars)
+            values = torch.stack([torch.as_tensor(scalars[k], dtype=torch.float64).to(policy_device) for k in names])
+            metrics = dict(zip(names, values.cpu().tolist()))
+            finished_returns, finished_lengths = finished_returns.cpu().tolist(), finished_lengths.cpu().tolist()
+            for episode_return, episode_length in zip(finished_returns, finished_lengths):
+                # One point per episode, as CleanRL logs them: benchmarks reduce over the last 100 episodes.
+                writer.add_scalar("charts/episodic_return", episode_return, global_step)
+                writer.add_scalar("charts/episodic_length", episode_length, global_step)
+            if finished_returns:
+                recent_returns = (recent_returns + finished_returns)[-100:]
+                metrics["charts/episodic_return_std"] = float(np.std(finished_returns))
+                metrics["charts/episodes"] = len(finished_returns)
+                if has_success:
+                    metrics["charts/success_rate"] = float(finished_success.float().mean())
+            iteration_time = rollout_time + update_time
+            metrics.update({
+                "charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/SPS": T * N / iteration_time,
+                "charts/update_epochs_done": epochs_done, "time/rollout_s": rollout_time, "time/update_s": update_time,
+                "time/rollout_fraction": rollout_time / iteration_time,
+            })
+            for key, value in metrics.items():
+                writer.add_scalar(key, value, global_step)
+            if finished_returns:  # in the summary only: the event file has every episode
+                metrics["charts/episodic_return"] = float(np.mean(finished_returns))
+                metrics["charts/episodic_length"] = float(np.mean(finished_lengths))
+            history.append({"iteration": iteration, "global_step": global_step, **metrics})
+            if progress is not None:
+                progress.update(1)
+                postfix = {"SPS": f"{metrics['charts/SPS']:.0f}"}
+                if recent_returns:
+                    postfix["return"] = f"{np.mean(recent_returns):.1f}"
+                if "charts/success_rate" in metrics:
+                    postfix["success"] = f"{metrics['charts/success_rate']:.2f}"
+                progress.set_postfix(postfix)
+            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stop_requested:
+                save_checkpoint(run_dir, checkpoint_state(iteration))
+            if stop_requested:
+                break
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+        if progress is not None:
+            progress.close()
+        writer.close()
+        vec.close()
+        if args.track:
+            import wandb
+
+            wandb.finish()
+    return {
+        "run_dir": run_dir,
+        "checkpoint": os.path.join(run_dir, "checkpoint.pt"),
+        "global_step": global_step,
+        "iteration": iteration,
+        "mean_recent_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
+        "history": history,
+    }
+
+
+
+@torch.inference_mode()
+def evaluate(
+    checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
+) -> dict:
+    """Runs `episodes` deterministic (mean-action) episodes with the checkpoint's frozen normaliser, each step
+    seen through the window of its episode's last K steps.
+
+    Each env plays the same number of episodes, so short episodes are not over-counted. Genesis tasks start
+    every episode fresh (no staggering); the targets are new draws from a seed the training never used.
+    """
+    checkpoint = load_checkpoint(checkpoint_path)
+    args = args_from_checkpoint(checkpoint)
+    args.sim_device = sim_device
+    policy_device = pick_device(device, "--policy-device")
+    genesis = args.env_id in envs.GENESIS_IDS
+    num_envs = min(episodes, 1024 if genesis else 16)
+    per_env = math.ceil(episodes / num_envs)
+    overrides = {"stagger_episodes": False} if genesis else {}
+    vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, **overrides)
+    agent, obs_norm = build_agent(args, vec, policy_device)
+    agent.load_state_dict(checkpoint["model"])
+    obs_norm.load_state_dict(checkpoint["obs_normalizer"])
+    obs, _ = vec.reset()
+    context = Context(num_envs, args.context_len, obs.shape[1], policy_device)
+    returns = [[] for _ in range(num_envs)]
+    successes = [[] for _ in range(num_envs)]
+    frames = [] if capture_video else None
+    while min(len(r) for r in returns) < per_env:
+        context.push(obs_norm(obs) if args.norm_obs else obs)
+        action = agent.mean_action(context.obs, context.valid())
+        obs, _, terminated, truncated, info = vec.step(action)
+        context.end_episodes(terminated | truncated)
+        if frames is not None and len(returns[0]) == 0:
+            frames.append(vec.render())
+        episode = info["episode"]
+        for i in episode["mask"].nonzero().flatten().tolist():
+            if len(returns[i]) < per_env:
+                returns[i].append(float(episode["r"][i]))
+                if genesis:
+                    successes[i].append(bool(info["success"][i]))
+    vec.close()
+    flat_returns = [r for env_returns in returns for r in env_returns]
+    result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
+              "std_return": float(np.std(flat_returns))}
+    if genesis:
+        result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
+    if frames:
+        run_dir = os.path.dirname(os.path.abspath(checkpoint_path)) if not os.path.isdir(checkpoint_path) else checkpoint_path
+        result["video"] = os.path.join(run_dir, "videos", "eval.mp4")
+        write_video(frames, result["video"])
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    cli_args = tyro.cli(Args)
+    try:
+        if cli_args.eval_checkpoint:
+            evaluate(cli_args.eval_checkpoint, cli_args.eval_episodes, cli_args.capture_video,
+                     cli_args.policy_device, cli_args.sim_device)
+        else:
+            train(cli_args)
+    except (ValueError, FileNotFoundError) as error:  # bad flags: the message names the flag and the fix
+        raise SystemExit(f"error: {error}") from None
