@@ -167,7 +167,7 @@ PENDULUM = dict(
 )
 PRESETS = {
     "genesis": dict(
-        num_envs=1024, total_timesteps=12_000_000, learning_rate=1e-3, anneal_lr=False, adaptive_kl=0.01,
+        num_envs=1024, total_timesteps=6_000_000, learning_rate=1e-3, anneal_lr=False, adaptive_kl=0.01,
         num_steps=24, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=5, ent_coef=0.0,
         vf_coef=1.0, max_grad_norm=1.0, context_len=1, num_tokens=4, token_dim=32, num_heads=2, num_layers=2,
         critic="mlp", hidden_sizes=(128, 64), activation="elu", init_log_std=0.0,
