@@ -28,6 +28,7 @@ import tyro  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.report import script_of  # noqa: E402
 
 
 @dataclass
@@ -42,14 +43,12 @@ class Args:
     """the script that trained the run (None: recognised from its args.json)"""
 
 
-def script_of(run_dir: str) -> str:
-    with open(os.path.join(run_dir, "args.json")) as f:
-        saved = json.load(f)
-    return "ppo_recurrent" if "rnn_type" in saved else "ppo_transformer" if "context_len" in saved else "ppo_continuous"
 
 
 def main(args: Args) -> str:
-    script = args.script or script_of(args.run_dir)
+    with open(os.path.join(args.run_dir, "args.json")) as f:
+        saved = json.load(f)
+    script = args.script or script_of(saved).removesuffix(".py")
     module = importlib.import_module(script)
     stem = "franka_reach_success" + ("" if script == "ppo_continuous" else f"_{script.removeprefix('ppo_')}")
     events = EventAccumulator(args.run_dir, size_guidance={"scalars": 0})
@@ -80,9 +79,7 @@ def main(args: Args) -> str:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("success rate (within 2 cm at episode end)")
     axes[0].legend(loc="lower right")
-    with open(os.path.join(args.run_dir, "args.json")) as f:
-        env_id = json.load(f)["env_id"]
-    fig.suptitle(f"{script}.py on {env_id}, default command")
+    fig.suptitle(f"{script}.py on {saved['env_id']}, default command")
     fig.tight_layout()
     png = os.path.join(args.out_dir, f"{stem}.png")
     fig.savefig(png, dpi=120)

@@ -35,7 +35,7 @@ REFERENCES = {
     "Humanoid-v5": [("CleanRL, Humanoid-v4, 3 seeds", 1_000_000, 716.1, 49.1)],
     "Pendulum-v1": [("CleanRL, 3 seeds", 8_000_000, -1142.0, 135.6), ("SB3 zoo PPO (tuned, gSDE), 1 run", 100_000, -172.2, None)],
     "BipedalWalker-v3": [("SB3 zoo PPO, 1 run", 5_000_000, 287.9, None)],
-    "PendulumNoVel-v1": [("SB3 zoo RecurrentPPO, 1 run", 100_000, -217.9, None)],
+    "PendulumNoVel-v1": [("SB3 zoo RecurrentPPO (tuned, gSDE), 1 run", 100_000, -217.9, None)],
 }
 
 
@@ -76,6 +76,13 @@ class Run:
     success: np.ndarray  # (m, 3): global step, seconds since the start, training success rate
 
 
+def script_of(saved_args: dict) -> str:
+    """Which script wrote a run, told by the flags only it has."""
+    if "rnn_type" in saved_args:
+        return "ppo_recurrent.py"
+    return "ppo_transformer.py" if "context_len" in saved_args else "ppo_continuous.py"
+
+
 def read_run(path: str) -> Run:
     """One run directory: its args.json and its event files (TensorBoard's own reader)."""
     with open(os.path.join(path, "args.json")) as f:
@@ -97,7 +104,7 @@ def read_run(path: str) -> Run:
     def array(rows):
         return np.array([(s, w - start, v) for s, w, v in rows], dtype=np.float64).reshape(-1, 3)
 
-    script = args.get("script") or "ppo_continuous.py"
+    script = script_of(args)
     total = int(args["total_timesteps"])
     # The steps the run was set to make: whole iterations of num_envs * num_steps (<= total_timesteps).
     planned = int(args.get("num_iterations", 0)) * int(args.get("batch_size", 0)) or total
