@@ -66,6 +66,7 @@ class Args:
 @dataclass
 class Run:
     path: str
+    exp_name: str
     script: str
     env_id: str
     seed: int
@@ -108,7 +109,8 @@ def read_run(path: str) -> Run:
     total = int(args["total_timesteps"])
     # The steps the run was set to make: whole iterations of num_envs * num_steps (<= total_timesteps).
     planned = int(args.get("num_iterations", 0)) * int(args.get("batch_size", 0)) or total
-    return Run(path, script, args["env_id"], int(args["seed"]), total, planned, last_step or planned,
+    exp_name = os.path.basename(os.path.normpath(path)).split("__")[1]
+    return Run(path, exp_name, script, args["env_id"], int(args["seed"]), total, planned, last_step or planned,
                array(episodes), array(success))
 
 
@@ -135,15 +137,16 @@ def trailing_curve(run: Run, grid: np.ndarray, column: int, last: int = 100) -> 
     return out
 
 
-def group_runs(runs: list[Run]) -> dict[tuple[str, str, int], list[Run]]:
+def group_runs(runs: list[Run]) -> dict[tuple[str, str, int, str], list[Run]]:
+    """(script, task, budget, experiment name) -> its runs (the seeds)."""
     groups = defaultdict(list)
     for run in runs:
-        groups[(run.script, run.env_id, run.total_timesteps)].append(run)
+        groups[(run.script, run.env_id, run.total_timesteps, run.exp_name)].append(run)
     return dict(sorted(groups.items()))
 
 
 def plot_group(key, runs: list[Run], out_dir: str, last: int) -> str | None:
-    script, env_id, budget = key
+    script, env_id, budget, exp_name = key
     runs = [run for run in runs if len(run.episodes)]
     if not runs:
         return None
@@ -164,9 +167,9 @@ def plot_group(key, runs: list[Run], out_dir: str, last: int) -> str | None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"return (trailing mean of {last} training episodes)")
     axes[0].legend(loc="lower right")
-    fig.suptitle(f"{env_id}, {budget:,} steps: mean ± std over seeds")
+    fig.suptitle(f"{env_id}, {budget:,} steps, experiment {exp_name}: mean ± std over seeds")
     fig.tight_layout()
-    name = f"{env_id}__{script.replace('.py', '')}__{budget}.png"
+    name = f"{env_id}__{script.replace('.py', '')}__{budget}__{exp_name}.png"
     fig.savefig(os.path.join(out_dir, name), dpi=110)
     plt.close(fig)
     return name
@@ -187,12 +190,12 @@ def write_report(args: Args) -> str:
         "Seeds: runs that used the whole budget; a run that stopped short is listed with the steps it reached,",
         "and left out of the mean.",
         "",
-        "| script | task | steps | seeds | ours: mean ± std | per seed | published reference |",
-        "|---|---|---:|---:|---:|---|---|",
+        "| script | experiment | task | steps | seeds | ours: mean ± std | per seed | published reference |",
+        "|---|---|---|---:|---:|---:|---|---|",
     ]
     plots = []
     for key, group in group_runs(runs).items():
-        script, env_id, budget = key
+        script, env_id, budget, exp_name = key
         ordered = sorted(group, key=lambda r: r.seed)
         complete = [r for r in ordered if r.last_step >= r.planned_steps]
         mean, std = mean_std([final_return(r, args.last) for r in complete]) if complete else (float("nan"),) * 2
@@ -203,7 +206,7 @@ def write_report(args: Args) -> str:
             else f"[seed {r.seed} stopped at {r.last_step:,}: {final_return(r, args.last):.1f}, not in the mean]"
             for r in ordered
         )
-        lines.append(f"| {script} | {env_id} | {budget:,} | {len(complete)} | **{mean:.1f} ± {std:.1f}** | {per_seed} | {refs} |")
+        lines.append(f"| {script} | {exp_name} | {env_id} | {budget:,} | {len(complete)} | **{mean:.1f} ± {std:.1f}** | {per_seed} | {refs} |")
         plots.append(plot_group(key, group, args.out_dir, args.last))
     lines += ["", "## Learning curves", ""] + [f"![{p}]({p})" for p in plots if p]
     for title, name, command in EXTRA_SECTIONS:

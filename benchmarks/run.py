@@ -26,7 +26,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from benchmarks import report  # noqa: E402
 
-# (script, env id, seeds, total steps, extra flags). The full budgets are those of the ppo_continuous issue.
+# (script, env id, seeds, total steps, extra flags[, experiment suffix]). The full budgets are those of the issues.
+ABLATION = {"": [], "post_ln": ["--no-pre-ln"], "gated": ["--gated"], "default_init": ["--no-small-init"]}
 PRESETS = {
     "quick": [
         ("ppo_continuous.py", "Pendulum-v1", (1, 2), 100_000, []),
@@ -38,13 +39,22 @@ PRESETS = {
         ("ppo_continuous.py", "Hopper-v5", (1, 2, 3), 1_000_000, ["--compile"]),
         ("ppo_continuous.py", "FrankaReach-v0", (1, 2, 3), 12_000_000, []),
     ],
+    # Partial observability: the memoryless MLP against the recurrent and transformer scripts.
+    "memory": [
+        ("ppo_continuous.py", "PendulumNoVel-v1", (1, 2, 3), 300_000, []),
+        ("ppo_recurrent.py", "PendulumNoVel-v1", (1, 2, 3), 300_000, []),
+        ("ppo_transformer.py", "PendulumNoVel-v1", (1, 2, 3), 300_000, []),
+    ],
+    # The transformer's stability flags, one changed at a time from the defaults.
+    "ablation": [("ppo_transformer.py", "PendulumNoVel-v1", (1, 2, 3), 150_000, flags, f"ablation_{name}".rstrip("_"))
+                 for name, flags in ABLATION.items()],
 }
 
 
 @dataclass
 class Args:
-    preset: Literal["quick", "full"] = "quick"
-    """which runs: quick (minutes) or full (the published budgets)"""
+    preset: Literal["quick", "full", "memory", "ablation"] = "quick"
+    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags)"""
     jobs: int = os.cpu_count() or 1
     """runs at once (no more than there are cores)"""
     exp_name: str | None = None
@@ -73,13 +83,22 @@ def find_run(root: str, env_id: str, exp_name: str, seed: int) -> tuple[str | No
 
 
 def experiment_name(args: Args) -> str:
-    return args.exp_name or ("bench" if args.preset == "full" else "bench_quick")
+    return args.exp_name or ("bench_quick" if args.preset == "quick" else "bench")
+
+
+def experiment_of(args: Args, script: str, suffix: str = "") -> str:
+    """bench for ppo_continuous.py, bench_recurrent / bench_transformer for the others (plus a variant's suffix):
+    run directories are named by task and experiment, so scripts on one task need their own names."""
+    name = experiment_name(args)
+    if script != "ppo_continuous.py":
+        name += "_" + script.removeprefix("ppo_").removesuffix(".py")
+    return name + (f"_{suffix}" if suffix else "")
 
 
 def commands(args: Args) -> list[list[str]]:
-    exp_name = experiment_name(args)
     todo = []
-    for script, env_id, seeds, steps, extra in PRESETS[args.preset]:
+    for script, env_id, seeds, steps, extra, *suffix in PRESETS[args.preset]:
+        exp_name = experiment_of(args, script, *suffix)
         script = os.path.join(REPO, script)
         for seed in seeds:
             run_dir, finished = find_run(args.root, env_id, exp_name, seed)
@@ -126,7 +145,8 @@ def main(args: Args) -> None:
     if failed:
         raise SystemExit(f"{len(failed)} run(s) failed: see {runs_dir}/bench_*.log")
     if not args.dry_run:
-        report.write_report(report.Args(runs_dir=runs_dir, exp_names=(experiment_name(args),), out_dir=args.out_dir))
+        names = tuple(sorted({experiment_of(args, script, *suffix) for script, _, _, _, _, *suffix in PRESETS[args.preset]}))
+        report.write_report(report.Args(runs_dir=runs_dir, exp_names=names, out_dir=args.out_dir))
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ def test_seeds_reduce_to_mean_and_population_std(tmp_path):
     fake_run(str(tmp_path), "HalfCheetah-v5", 9, [5000.0] * 100, exp="other")  # another experiment: ignored
     runs = [report.read_run(str(p)) for p in sorted(tmp_path.glob("*__bench__*"))]
     groups = report.group_runs(runs)
-    assert list(groups) == [("ppo_continuous.py", "HalfCheetah-v5", 1_000_000)]
-    finals = [report.final_return(r) for r in groups[("ppo_continuous.py", "HalfCheetah-v5", 1_000_000)]]
+    assert list(groups) == [("ppo_continuous.py", "HalfCheetah-v5", 1_000_000, "bench")]
+    finals = [report.final_return(r) for r in groups[("ppo_continuous.py", "HalfCheetah-v5", 1_000_000, "bench")]]
     assert report.mean_std(finals) == pytest.approx((300.0, np.std([100.0, 200.0, 600.0])))
 
 
@@ -58,10 +58,10 @@ def test_report_has_the_table_beside_references_and_the_plots(tmp_path):
     (out_dir / "train_throughput.md").write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
     text = report.write_report(report.Args(runs_dir=str(runs_dir), out_dir=str(out_dir)))
     assert "stopped at" not in text
-    assert "| ppo_continuous.py | Hopper-v5 | 1,000,000 | 2 | **1500.0 ± 500.0** | 1000.0, 2000.0 |" in text
+    assert "| ppo_continuous.py | bench | Hopper-v5 | 1,000,000 | 2 | **1500.0 ± 500.0** | 1000.0, 2000.0 |" in text
     assert "CleanRL, Hopper-v4, 3 seeds at 1M: 2382.9 ± 271.7" in text
     assert "Training throughput" in text and "| 1 | 2 |" in text
-    assert (out_dir / "Hopper-v5__ppo_continuous__1000000.png").stat().st_size > 10_000
+    assert (out_dir / "Hopper-v5__ppo_continuous__1000000__bench.png").stat().st_size > 10_000
     assert (out_dir / "README.md").read_text() == text
 
 
@@ -76,7 +76,7 @@ def test_runner_runs_each_seed_once_in_parallel_and_skips_finished_runs(tmp_path
     finished = sorted(p.name.split("__")[2] for p in (tmp_path / "runs").glob("Pendulum-v1__bench_quick__*"))
     assert finished == ["1", "2"]
     assert all(run.find_run(str(tmp_path), "Pendulum-v1", "bench_quick", seed)[1] for seed in (1, 2))
-    assert "| ppo_continuous.py | Pendulum-v1 | 256 | 2 |" in (tmp_path / "results" / "README.md").read_text()
+    assert "| ppo_continuous.py | bench_quick | Pendulum-v1 | 256 | 2 |" in (tmp_path / "results" / "README.md").read_text()
     capsys.readouterr()
     run.main(args)
     assert capsys.readouterr().out.count("done already") == 2
