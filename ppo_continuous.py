@@ -246,6 +246,7 @@ class RewardScaler(nn.Module):
         return (reward / torch.sqrt(self.return_rms.var + 1e-8)).float()
 
 
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU}
 
 
@@ -278,11 +279,15 @@ class Agent(nn.Module):
         return self.critic(obs).squeeze(-1)
 
     def distribution(self, obs: torch.Tensor) -> Normal:
+        """The policy at `obs` as a torch distribution, for analysis (training uses the closed forms below)."""
         mean = self.actor_mean(obs)
         return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
 
-    def log_prob(self, dist: Normal, action: torch.Tensor) -> torch.Tensor:
-        log_prob = dist.log_prob(action).sum(-1)
+    def log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """log-density of the raw sample under N(mean, exp(log_std)), with the tanh correction if squashed. Closed
+        forms instead of torch.distributions: the same numbers (tested), at half the cost of an acting step."""
+        log_std = self.actor_logstd
+        log_prob = (-0.5 * ((action - mean) * torch.exp(-log_std)).square() - log_std - HALF_LOG_2PI).sum(-1)
         if self.transform == "tanh":
             # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): finite for any u, unlike log(1 - tanh^2)
             log_det = 2.0 * (math.log(2.0) - action - nn.functional.softplus(-2.0 * action))
@@ -290,13 +295,14 @@ class Agent(nn.Module):
         return log_prob
 
     def act(self, obs: torch.Tensor):
-        dist = self.distribution(obs)
-        action = dist.sample()
-        return action, self.log_prob(dist, action), self.get_value(obs)
+        mean = self.actor_mean(obs)
+        action = mean + self.actor_logstd.exp() * torch.randn_like(mean)
+        return action, self.log_prob(mean, action), self.get_value(obs)
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor):
-        dist = self.distribution(obs)
-        return self.log_prob(dist, action), dist.entropy().sum(-1), self.get_value(obs)
+        mean = self.actor_mean(obs)
+        entropy = (self.actor_logstd + 0.5 + HALF_LOG_2PI).sum(-1).expand(mean.shape[:-1])
+        return self.log_prob(mean, action), entropy, self.get_value(obs)
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         if self.transform == "tanh":

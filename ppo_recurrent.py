@@ -275,6 +275,7 @@ class RewardScaler(nn.Module):
         return (reward / torch.sqrt(self.return_rms.var + 1e-8)).float()
 
 
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU}
 
 
@@ -387,11 +388,15 @@ class RecurrentAgent(nn.Module):
         return (None if critic_only else outputs[0]), outputs[-1], next_state
 
     def distribution(self, features: torch.Tensor) -> Normal:
+        """The policy as a torch distribution, for analysis (training uses the closed forms below)."""
         mean = self.actor_mean(features)
         return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
 
-    def log_prob(self, dist: Normal, action: torch.Tensor) -> torch.Tensor:
-        log_prob = dist.log_prob(action).sum(-1)
+    def log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """log-density of the raw sample under N(mean, exp(log_std)), with the tanh correction if squashed. Closed
+        forms instead of torch.distributions: the same numbers (tested), at half the cost of an acting step."""
+        log_std = self.actor_logstd
+        log_prob = (-0.5 * ((action - mean) * torch.exp(-log_std)).square() - log_std - HALF_LOG_2PI).sum(-1)
         if self.transform == "tanh":
             # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): finite for any u, unlike log(1 - tanh^2)
             log_det = 2.0 * (math.log(2.0) - action - nn.functional.softplus(-2.0 * action))
@@ -401,9 +406,9 @@ class RecurrentAgent(nn.Module):
     def act(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor):
         """One rollout step for (B, obs_dim): (action, log-prob, value, next state)."""
         actor_features, critic_features, next_state = self.features(obs[None], state, starts[None])
-        dist = self.distribution(actor_features[0])
-        action = dist.sample()
-        return action, self.log_prob(dist, action), self.critic(critic_features[0]).squeeze(-1), next_state
+        mean = self.actor_mean(actor_features[0])
+        action = mean + self.actor_logstd.exp() * torch.randn_like(mean)
+        return action, self.log_prob(mean, action), self.critic(critic_features[0]).squeeze(-1), next_state
 
     def get_value(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """V of (B, obs_dim) observations after `state`; the state itself is left to the caller, unchanged."""
@@ -413,8 +418,9 @@ class RecurrentAgent(nn.Module):
     def evaluate(self, obs, actions, state, starts):
         """Log-probs, entropies and values of (K, B) sequences of stored steps, from their starting states."""
         actor_features, critic_features, _ = self.features(obs, state, starts, final_state=False)
-        dist = self.distribution(actor_features)
-        return self.log_prob(dist, actions), dist.entropy().sum(-1), self.critic(critic_features).squeeze(-1)
+        mean = self.actor_mean(actor_features)
+        entropy = (self.actor_logstd + 0.5 + HALF_LOG_2PI).sum(-1).expand(mean.shape[:-1])
+        return self.log_prob(mean, actions), entropy, self.critic(critic_features).squeeze(-1)
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         if self.transform == "tanh":

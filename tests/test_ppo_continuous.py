@@ -192,15 +192,32 @@ def test_tanh_log_prob_matches_torch_transformed_distribution():
     low, high = agent.action_low, agent.action_high
     reference = TransformedDistribution(dist, [TanhTransform(), AffineTransform((high + low) / 2, (high - low) / 2)])
     expected = reference.log_prob(agent.env_action(u)).sum(-1)
-    torch.testing.assert_close(agent.log_prob(dist, u), expected, atol=1e-4, rtol=1e-4)
-    assert torch.isfinite(agent.log_prob(dist, torch.full((64, 2), 40.0))).all()  # saturated tanh stays finite
+    torch.testing.assert_close(agent.log_prob(dist.mean, u), expected, atol=1e-4, rtol=1e-4)
+    assert torch.isfinite(agent.log_prob(dist.mean, torch.full((64, 2), 40.0))).all()  # saturated tanh stays finite
+
+
+def test_closed_form_sampling_log_prob_and_entropy_match_torch_distributions():
+    """Bug: a slip in the hand-written Gaussian (a missing 1/2, log-std used as std, the wrong noise scale)."""
+    torch.manual_seed(0)
+    agent = ppo.Agent(3, 2, (8,), "tanh", 0.0, np.array([-1.0, -1.0]), np.array([1.0, 1.0]), "clip")
+    agent.actor_logstd.data = torch.tensor([[-0.7, 0.4]])
+    obs = torch.randn(5, 3).repeat_interleave(4000, 0)
+    dist = agent.distribution(obs)
+    with torch.no_grad():
+        actions, logprobs, _ = agent.act(obs)
+        new_logprobs, entropy, _ = agent.evaluate(obs, actions)
+    torch.testing.assert_close(logprobs, dist.log_prob(actions).sum(-1))
+    torch.testing.assert_close(new_logprobs, logprobs)
+    torch.testing.assert_close(entropy, dist.entropy().sum(-1))
+    noise = (actions - dist.mean) / dist.stddev
+    assert noise.mean(0).abs().max() < 0.03 and (noise.std(0) - 1).abs().max() < 0.03
 
 
 def test_clip_mode_scores_the_unclipped_gaussian_sample():
     agent = ppo.Agent(3, 1, (8,), "tanh", 0.0, np.array([-1.0]), np.array([1.0]), "clip")
     dist = agent.distribution(torch.zeros(1, 3))
     u = torch.tensor([[3.0]])
-    assert agent.log_prob(dist, u).item() == pytest.approx(dist.log_prob(u).item())
+    assert agent.log_prob(dist.mean, u).item() == pytest.approx(dist.log_prob(u).item())
     assert agent.env_action(u).item() == 1.0
 
 
