@@ -180,6 +180,10 @@ PRESETS = {
     ),
     "Pendulum-v1": PENDULUM,
     "PendulumNoVel-v1": PENDULUM,
+    "MemoryCue-v0": dict(
+        num_envs=16, total_timesteps=32_768, num_steps=64, num_minibatches=4, update_epochs=4, learning_rate=1e-3,
+        gamma=0.9, init_log_std=-0.5, token_dim=32, num_heads=2,
+    ),
 }
 
 

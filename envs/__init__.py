@@ -7,7 +7,8 @@
 
 Any Gymnasium id works (MuJoCo, classic control, Box2D), plus the partially observable variants of
 `envs.partial` (`PendulumNoVel-v1`, `HalfCheetahNoVel-v5`, `HalfCheetah-P-v5`, ...) and the Genesis
-arm tasks `FrankaReach-v0` and `FrankaReachNoVel-v0` (velocities hidden) (`envs.franka`). Importing this package registers them with Gymnasium.
+arm tasks `FrankaReach-v0` and `FrankaReachNoVel-v0` (velocities hidden) (`envs.franka`), and the
+memory task `MemoryCue-v0` (`envs.memory`). Importing this package registers them with Gymnasium.
 
 Nothing here knows about PPO: observation/reward normalisation and action clipping belong to the scripts.
 """
@@ -20,6 +21,7 @@ import gymnasium as gym
 import torch
 
 from envs.core import EpisodeTracker, GymnasiumVecEnv
+from envs.memory import register as register_memory_tasks
 from envs.partial import register_variants
 
 __all__ = ["make", "EpisodeTracker", "GymnasiumVecEnv", "GENESIS_IDS"]
@@ -27,6 +29,7 @@ __all__ = ["make", "EpisodeTracker", "GymnasiumVecEnv", "GENESIS_IDS"]
 GENESIS_IDS = ("FrankaReach-v0", "FrankaReachNoVel-v0")
 
 register_variants()
+register_memory_tasks()
 for _id, _kwargs in (("FrankaReach-v0", {}), ("FrankaReachNoVel-v0", {"observe_velocities": False})):
     if _id not in gym.registry:
         gym.register(_id, vector_entry_point="envs.franka:FrankaReachVecEnv", max_episode_steps=100, kwargs=_kwargs)

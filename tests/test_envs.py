@@ -248,3 +248,25 @@ def test_episode_recorder_writes_exactly_one_whole_episode_of_env_zero(tmp_path)
 
     frames = imageio.mimread(written[0][1])
     assert len(frames) == 4
+
+
+def test_memory_cue_shows_the_sign_once_and_rewards_remembering_it():
+    """Bug: a cue that stays visible (no memory needed) or a reward that does not depend on the hidden sign."""
+    vec = envs.make("MemoryCue-v0", num_envs=64, seed=0)
+    obs, _ = vec.reset(seed=0)
+    sign = obs[:, 0].clone()
+    assert set(sign.tolist()) == {-1.0, 1.0}
+    remembered, memoryless = torch.zeros(64), torch.zeros(64)
+    for t in range(8):
+        obs, reward, terminated, truncated, info = vec.step(sign[:, None] * 0.5)
+        remembered += reward
+        assert (obs[:, 0] == 0).all() or t == 7
+    assert truncated.all() and not terminated.any()
+    torch.testing.assert_close(remembered, torch.full((64,), -7 * 0.25))
+    torch.testing.assert_close(info["episode"]["r"], remembered)
+    assert set(obs[:, 0].tolist()) <= {-1.0, 1.0}  # the next episode's cue, after the same-step reset
+    for t in range(8):
+        _, reward, *_ = vec.step(torch.zeros(64, 1))
+        memoryless += reward
+    torch.testing.assert_close(memoryless, torch.full((64,), -7.0))
+    vec.close()

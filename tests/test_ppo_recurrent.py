@@ -4,13 +4,11 @@ import os
 import subprocess
 import sys
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import ppo_recurrent as ppo
-from envs import EpisodeTracker
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING_KEYS = ("charts/SPS", "time/rollout_s", "time/update_s", "time/rollout_fraction")
@@ -251,53 +249,10 @@ def test_bad_flags_give_a_clear_error_naming_the_flag(tmp_path, flags, message):
 
 
 # ---------------------------------------------------------------- learning and the Genesis path
-class CueEnv:
-    """A masked task: a random sign is observed on the first step of an episode only, and every later step
-    is rewarded -(action - sign)^2. Without memory the best expected return is -(length - 1) (act 0)."""
-
-    def __init__(self, num_envs, seed, length=8):
-        self.num_envs, self.length = num_envs, length
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
-        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
-        self.episodes = EpisodeTracker(num_envs, "cpu")
-        self.generator = torch.Generator().manual_seed(seed)
-        self.t = torch.zeros(num_envs, dtype=torch.long)
-        self.sign = torch.zeros(num_envs)
-
-    def _draw(self, mask):
-        self.sign[mask] = torch.randint(0, 2, (int(mask.sum()),), generator=self.generator).float() * 2 - 1
-
-    def _obs(self):
-        return torch.stack([torch.where(self.t == 0, self.sign, 0.0), self.t / self.length], -1)
-
-    def reset(self, seed=None, options=None):
-        self.t.zero_()
-        self._draw(torch.ones(self.num_envs, dtype=torch.bool))
-        return self._obs(), {}
-
-    def step(self, action):
-        reward = torch.where(self.t > 0, -(action[:, 0] - self.sign).square(), 0.0)
-        self.t += 1
-        truncated = self.t >= self.length
-        final_obs = self._obs()
-        self.t[truncated] = 0
-        self._draw(truncated)
-        info = {"final_obs": final_obs, "episode": self.episodes.update(reward, truncated),
-                "sim_errors": torch.zeros_like(truncated)}
-        return self._obs(), reward, torch.zeros_like(truncated), truncated, info
-
-    def state_dict(self):
-        raise NotImplementedError
-
-    def close(self):
-        pass
-
-
-def test_recurrent_policy_learns_a_masked_cue_that_no_memoryless_policy_can_use(tmp_path, monkeypatch):
+def test_recurrent_policy_learns_a_masked_cue_that_no_memoryless_policy_can_use(tmp_path):
     """Bug: memory that does not work (state not carried in the rollout, no gradient through time, sequences
     cut from the wrong steps): the return then stays at or below the memoryless optimum, -7."""
-    monkeypatch.setattr(ppo.envs, "make", lambda env_id, num_envs, seed, device, **kw: CueEnv(num_envs, seed))
-    args = small_args(tmp_path, env_id="Pendulum-v1", env_kwargs=None, num_envs=16, num_steps=32, bptt_len=16,
+    args = small_args(tmp_path, env_id="MemoryCue-v0", env_kwargs=None, num_envs=16, num_steps=32, bptt_len=16,
                       num_minibatches=4, update_epochs=4, total_timesteps=16 * 32 * 16, learning_rate=3e-3,
                       anneal_lr=False, gamma=0.9, norm_reward=False, init_log_std=-0.5)
     history = ppo.train(args)["history"]
