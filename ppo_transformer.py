@@ -158,7 +158,8 @@ class Args:
     """total_timesteps // batch_size"""
 
 
-# Genesis arms: token mode (one step, each observation as 4 tokens) with the MLP script's PPO settings.
+# Genesis arms: token mode (one step, each observation as 4 tokens of 16) with the MLP script's PPO settings
+# and heads (64x64, like its networks); 3x the MLP's multiply-adds per sample.
 # Gymnasium tasks: history mode (one token per step over the last 8 steps) with CleanRL's settings.
 # Per-task entries override their family.
 PENDULUM = dict(
@@ -169,8 +170,8 @@ PRESETS = {
     "genesis": dict(
         num_envs=1024, total_timesteps=6_000_000, learning_rate=1e-3, anneal_lr=False, adaptive_kl=0.01,
         num_steps=24, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=5, ent_coef=0.0,
-        vf_coef=1.0, max_grad_norm=1.0, context_len=1, num_tokens=4, token_dim=32, num_heads=2, num_layers=2,
-        critic="mlp", hidden_sizes=(128, 64), activation="elu", init_log_std=0.0,
+        vf_coef=1.0, max_grad_norm=1.0, context_len=1, num_tokens=4, token_dim=16, num_heads=2, num_layers=2,
+        critic="mlp", hidden_sizes=(64, 64), activation="elu", init_log_std=0.0,
     ),
     "gymnasium": dict(
         num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, anneal_lr=True, adaptive_kl=0.0,
