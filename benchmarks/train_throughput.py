@@ -70,8 +70,12 @@ def measure(script: str, env_id: str, num_envs: int, num_steps: int | None, iter
 
 def main(args: Args) -> list[dict]:
     machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    print("| script | env | num_envs x num_steps | raw env SPS | training SPS | ratio to raw | vs first | rollout share | machine |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    header = ("| script | env | num_envs x num_steps | raw env SPS | training SPS | ratio to raw | vs first | rollout share | machine |\n"
+              "|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print(header)
+    if args.out and not os.path.isfile(args.out):
+        with open(args.out, "w") as f:
+            f.write(header + "\n")
     results = []
     for num_envs in args.num_envs:
         raw_sps = env_steps_per_second(args.env_id, num_envs, max(args.raw_steps // num_envs, 50), warmup=10)
