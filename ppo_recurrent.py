@@ -26,7 +26,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from torch.distributions import Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import envs
@@ -386,11 +385,6 @@ class RecurrentAgent(nn.Module):
             outputs = [torch.cat([out, obs], -1) for out in outputs]
         next_state = self._pack(final_states) if final_state and not critic_only else None
         return (None if critic_only else outputs[0]), outputs[-1], next_state
-
-    def distribution(self, features: torch.Tensor) -> Normal:
-        """The policy as a torch distribution, for analysis (training uses the closed forms below)."""
-        mean = self.actor_mean(features)
-        return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
 
     def log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """log-density of the raw sample under N(mean, exp(log_std)), with the tanh correction if squashed. Closed

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from torch.distributions import Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import envs
@@ -413,11 +412,6 @@ class TransformerAgent(nn.Module):
         if not self.shared_critic:
             return self.critic(windows[:, -1]).squeeze(-1)
         return self.value(self.features(windows, valid), windows)
-
-    def distribution(self, features: torch.Tensor) -> Normal:
-        """The policy as a torch distribution, for analysis (training uses the closed forms below)."""
-        mean = self.actor_mean(features)
-        return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
 
     def log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """log-density of the raw sample under N(mean, exp(log_std)), with the tanh correction if squashed. Closed
