@@ -114,6 +114,8 @@ class Args:
     """scale rewards by the running standard deviation of the discounted return"""
     compile: bool = False
     """torch.compile the policy and the loss (first iterations are slower while it compiles)"""
+    torch_threads: int | None = None
+    """torch's CPU threads (None: preset; 0: torch's default)"""
 
     checkpoint_interval: int = 50
     """iterations between checkpoints (one is always written at the end and on Ctrl-C)"""
@@ -143,11 +145,13 @@ PRESETS = {
         num_envs=1024, total_timesteps=12_000_000, learning_rate=1e-3, anneal_lr=False, adaptive_kl=0.01,
         num_steps=24, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=5, ent_coef=0.0,
         vf_coef=1.0, max_grad_norm=1.0, hidden_sizes=(64, 64), activation="elu", init_log_std=0.0,
+        torch_threads=1,  # Genesis steps the envs with its own CPU threads: torch's spinning threads slow it down
     ),
     "gymnasium": dict(
         num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, anneal_lr=True, adaptive_kl=0.0,
         num_steps=2048, gamma=0.99, gae_lambda=0.95, num_minibatches=32, update_epochs=10, ent_coef=0.0,
         vf_coef=0.5, max_grad_norm=0.5, hidden_sizes=(64, 64), activation="tanh", init_log_std=0.0,
+        torch_threads=0,
     ),
     "Pendulum-v1": dict(
         num_envs=4, total_timesteps=200_000, learning_rate=1e-3, num_steps=1024, gamma=0.9,
@@ -451,6 +455,8 @@ def train(args: Args) -> dict:
     if args.env_id in envs.GENESIS_IDS:
         pick_device(args.sim_device, "--sim-device")
     seed_everything(args.seed, args.torch_deterministic)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
 
     if checkpoint is not None:
         run_dir = checkpoint["run_dir"]
