@@ -187,6 +187,8 @@ def resolve_args(args: Args) -> Args:
         raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
     if args.checkpoint_interval < 1:
         raise ValueError("--checkpoint-interval must be at least 1")
+    if args.torch_threads < 0:
+        raise ValueError(f"--torch-threads must be 0 (torch's default) or more, got {args.torch_threads}")
     return args
 
 
