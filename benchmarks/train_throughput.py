@@ -54,6 +54,7 @@ def measure(script: str, env_id: str, num_envs: int, num_steps: int | None, iter
         env_id=env_id, num_envs=num_envs, num_steps=resolved.num_steps, progress_bar=False, exp_name="throughput",
         total_timesteps=iterations * resolved.batch_size, checkpoint_interval=10**9,
     )
+    threads = torch.get_num_threads()  # a script may set its own (--torch-threads): not for the next one
     with tempfile.TemporaryDirectory() as tmp:
         cwd = os.getcwd()
         os.chdir(tmp)
@@ -61,6 +62,7 @@ def measure(script: str, env_id: str, num_envs: int, num_steps: int | None, iter
             history = module.train(train_args)["history"]
         finally:
             os.chdir(cwd)
+            torch.set_num_threads(threads)
     return {
         "num_steps": resolved.num_steps,
         "train_sps": float(np.median([h["charts/SPS"] for h in history[1:]])),
