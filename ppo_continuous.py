@@ -151,7 +151,7 @@ PRESETS = {
         num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, anneal_lr=True, adaptive_kl=0.0,
         num_steps=2048, gamma=0.99, gae_lambda=0.95, num_minibatches=32, update_epochs=10, ent_coef=0.0,
         vf_coef=0.5, max_grad_norm=0.5, hidden_sizes=(64, 64), activation="tanh", init_log_std=0.0,
-        torch_threads=0,
+        torch_threads=1,  # minibatches of 64 through 64-wide layers: a second thread only adds synchronisation
     ),
     "Pendulum-v1": dict(
         num_envs=4, total_timesteps=200_000, learning_rate=1e-3, num_steps=1024, gamma=0.9,
@@ -215,18 +215,22 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64))
+        # The count depends on batch sizes only: a host copy spares a tensor op or a device sync per update.
+        self.host_count = epsilon
+        self.register_load_state_dict_post_hook(lambda module, _: setattr(module, "host_count", module.count.item()))
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         batch_var, batch_mean = torch.var_mean(x.double(), dim=0, unbiased=False)
-        batch_count = x.shape[0]
+        count, batch_count = self.host_count, x.shape[0]
+        total = count + batch_count
         delta = batch_mean - self.mean
-        total = self.count + batch_count
         # M2 = var * count; merged M2 = M2_a + M2_b + delta^2 * n_a * n_b / n
-        self.var.mul_(self.count).add_(batch_var * batch_count + delta.square() * (self.count * batch_count / total))
-        self.var.div_(total)
-        self.mean.add_(delta * (batch_count / total))
-        self.count.copy_(total)
+        self.var.mul_(count / total).add_(batch_var, alpha=batch_count / total)
+        self.var.addcmul_(delta, delta, value=count * batch_count / total**2)
+        self.mean.add_(delta, alpha=batch_count / total)
+        self.count.fill_(total)
+        self.host_count = total
 
 
 class ObsNormalizer(RunningMeanStd):

@@ -242,18 +242,22 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64))
+        # The count depends on batch sizes only: a host copy spares a tensor op or a device sync per update.
+        self.host_count = epsilon
+        self.register_load_state_dict_post_hook(lambda module, _: setattr(module, "host_count", module.count.item()))
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         batch_var, batch_mean = torch.var_mean(x.double(), dim=0, unbiased=False)
-        batch_count = x.shape[0]
+        count, batch_count = self.host_count, x.shape[0]
+        total = count + batch_count
         delta = batch_mean - self.mean
-        total = self.count + batch_count
         # M2 = var * count; merged M2 = M2_a + M2_b + delta^2 * n_a * n_b / n
-        self.var.mul_(self.count).add_(batch_var * batch_count + delta.square() * (self.count * batch_count / total))
-        self.var.div_(total)
-        self.mean.add_(delta * (batch_count / total))
-        self.count.copy_(total)
+        self.var.mul_(count / total).add_(batch_var, alpha=batch_count / total)
+        self.var.addcmul_(delta, delta, value=count * batch_count / total**2)
+        self.mean.add_(delta, alpha=batch_count / total)
+        self.count.fill_(total)
+        self.host_count = total
 
 
 class ObsNormalizer(RunningMeanStd):

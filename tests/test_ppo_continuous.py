@@ -304,6 +304,30 @@ def test_normaliser_updates_only_from_rollout_data_is_saved_and_frozen_in_eval(t
     assert result["episodes"] == 2 and np.isfinite(result["mean_return"])
 
 
+def test_running_statistics_merged_batch_by_batch_equal_those_of_all_data_at_once():
+    """Bugs: a wrong merge formula (a missing between-batch term, count-weighted the wrong way), a count that
+    stops tracking the data, or a host copy of the count that a loaded state dict does not refresh."""
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randn(n, 3, generator=generator) * 3 + 5 for n in (1, 7, 1, 30, 2)]
+    stats = ppo.RunningMeanStd((3,), epsilon=1e-4)
+    for batch in batches:
+        stats.update(batch)
+    # The prior is epsilon observations of mean 0 and variance 1.
+    data = torch.cat(batches).double()
+    count = 1e-4 + len(data)
+    mean = data.sum(0) / count
+    var = ((data - mean).square().sum(0) + 1e-4 * (1 + mean.square())) / count
+    torch.testing.assert_close(stats.mean, mean)
+    torch.testing.assert_close(stats.var, var)
+    assert stats.count.item() == pytest.approx(count)
+    restored = ppo.ObsNormalizer((3,))
+    # Nested, as in a checkpoint of a larger module: the hook must run for submodules too.
+    torch.nn.ModuleDict({"norm": restored}).load_state_dict(torch.nn.ModuleDict({"norm": stats}).state_dict())
+    assert restored.host_count == pytest.approx(count)
+    restored.update(batches[0]), stats.update(batches[0])
+    torch.testing.assert_close(restored.var, stats.var)
+
+
 # ---------------------------------------------------------------- 13: reproducibility and resume
 def test_same_seed_gives_identical_metrics_and_another_seed_does_not(tmp_path):
     """Bug: unseeded sampling, permutation or env somewhere in the loop."""
