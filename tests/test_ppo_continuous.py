@@ -418,7 +418,7 @@ def test_pendulum_improves_clearly_within_a_ci_budget(tmp_path):
                                    total_timesteps=100 * 1024, seed=1))
     returns = [h["charts/episodic_return"] for h in summary["history"] if "charts/episodic_return" in h]
     assert np.mean(returns[:2]) < -900  # a random policy
-    assert np.mean(returns[-3:]) > -700  # about -330 on the reference machine; the preset reaches -230 at 200k
+    assert np.mean(returns[-3:]) > -500  # about -205 on the reference machine; the preset reaches about -190 at 200k
 
 
 def test_franka_reach_trains_with_success_and_reward_term_logging(tmp_path):
