@@ -4,7 +4,7 @@
     python benchmarks/run.py --preset full       # the published budgets (hours on 2 cores)
     python benchmarks/report.py --exp-name bench # regenerate the report from existing runs, no training
 
-At most --jobs runs at once, each with cores/jobs torch threads, each writing its normal run directory
+At most --jobs runs at once, each with OMP_NUM_THREADS = cores/jobs (a script's --torch-threads preset may use fewer), each writing its normal run directory
 (runs/{env}__{exp_name}__{seed}__{time}). Resumable: a finished run is not run again; an unfinished one
 continues from its latest checkpoint. With --wandb-group the runs are tracked in W&B under that group.
 """
