@@ -267,7 +267,11 @@ class ObsNormalizer(RunningMeanStd):
 
 class RewardScaler(nn.Module):
     """Divides rewards by the running std of each env's discounted return (as Gymnasium's NormalizeReward,
-    but the running return restarts after the episode that ended, not before its last reward)."""
+    but the running return restarts after the episode that ended, not before its last reward).
+
+    Scales a whole rollout once it is collected (only the update reads rewards): the same numbers as merging
+    each step's returns into the statistics in turn, in one tensor op per step instead of fifteen, which were
+    a quarter of the per-step cost with a single env."""
 
     def __init__(self, num_envs: int, gamma: float):
         super().__init__()
@@ -276,11 +280,29 @@ class RewardScaler(nn.Module):
         self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64))
 
     @torch.no_grad()
-    def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        self.returns.mul_(self.gamma).add_(reward)
-        self.return_rms.update(self.returns)
-        self.returns.masked_fill_(done, 0.0)
-        return (reward / torch.sqrt(self.return_rms.var + 1e-8)).float()
+    def forward(self, rewards: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
+        """rewards, dones: (num_steps, num_envs), in rollout order; returns the scaled rewards."""
+        keep = (~dones).double()
+        returns = rewards.double()  # R_t = r_t + gamma R_{t-1}, restarting after an episode's last step
+        steps, keeps = returns.unbind(0), keep.unbind(0)  # views made once: indexing costs as much as the op
+        steps[0].add_(self.returns, alpha=self.gamma)
+        for t in range(1, len(steps)):
+            steps[t].addcmul_(steps[t - 1], keeps[t - 1], value=self.gamma)
+        self.returns.copy_(returns[-1] * keep[-1])
+        # Statistics after each step's merge, from cumulative sums of deviations from the prior mean m0 (stable
+        # in float64 while the mean moves little within a rollout): M2_t = c0 v0 + sum (x - m0)^2 - n_t (mean_t - m0)^2
+        stats, batch = self.return_rms, returns.shape[1]
+        steps_so_far = torch.arange(1, len(returns) + 1, dtype=torch.float64, device=returns.device)
+        counts = stats.host_count + batch * steps_so_far
+        deviations = returns - stats.mean
+        mean_shifts = deviations.sum(1).cumsum(0) / counts
+        variances = ((deviations.square().sum(1).cumsum(0) + stats.host_count * stats.var) / counts
+                     - mean_shifts.square()).clamp(min=0.0)
+        stats.mean.add_(mean_shifts[-1])
+        stats.var.copy_(variances[-1])
+        stats.host_count += batch * len(returns)
+        stats.count.fill_(stats.host_count)
+        return (rewards / torch.sqrt(variances + 1e-8)[:, None]).float()
 
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -749,7 +771,7 @@ def train(args: Args) -> dict:
                     else:
                         next_obs = next_obs_raw
                         final_obs_buf[step] = info["final_obs"]
-                    rewards_buf[step] = reward_scaler(reward, done) if args.norm_reward else reward
+                    rewards_buf[step] = reward
                     terminated_buf[step], truncated_buf[step] = terminated, truncated
                     episode = info["episode"]
                     ep_return_buf[step], ep_length_buf[step], ep_mask_buf[step] = episode["r"], episode["l"], episode["mask"]
@@ -772,8 +794,9 @@ def train(args: Args) -> dict:
                 final_windows = torch.cat([windows[:, :, 1:], final_obs_buf[:, :, None]], 2).flatten(0, 1)
                 final_valid = torch.cat([valid[:, :, 1:], torch.ones_like(valid[:, :, :1])], 2).flatten(0, 1)
                 final_values = agent.get_value(final_windows, final_valid).view(T, N)
+                rewards = reward_scaler(rewards_buf, terminated_buf | truncated_buf) if args.norm_reward else rewards_buf
                 advantages, returns = compute_gae(
-                    rewards_buf, values_buf, last_value, final_values, terminated_buf, truncated_buf,
+                    rewards, values_buf, last_value, final_values, terminated_buf, truncated_buf,
                     args.gamma, args.gae_lambda,
                 )
             global_step += T * N

@@ -328,6 +328,36 @@ def test_running_statistics_merged_batch_by_batch_equal_those_of_all_data_at_onc
     torch.testing.assert_close(restored.var, stats.var)
 
 
+def test_reward_scaling_of_a_whole_rollout_equals_scaling_step_by_step():
+    """Bugs: the discounted return restarting one step early or late around an episode's end, the return not
+    carried into the next rollout, or statistics merged in the wrong order (each step must be scaled by the
+    statistics that include it and nothing later)."""
+    gamma, num_envs, num_steps = 0.9, 3, 12
+    generator = torch.Generator().manual_seed(1)
+
+    def step_by_step(stats: ppo.RunningMeanStd, running: torch.Tensor, rewards, dones):
+        scaled = []
+        for reward, done in zip(rewards, dones):
+            running = gamma * running + reward.double()
+            stats.update(running)
+            running = running.masked_fill(done, 0.0)
+            scaled.append(reward / torch.sqrt(stats.var + 1e-8))
+        return torch.stack(scaled).float(), running
+
+    scaler = ppo.RewardScaler(num_envs, gamma)
+    reference_stats, reference_running = ppo.RunningMeanStd(), torch.zeros(num_envs, dtype=torch.float64)
+    for rollout in range(3):
+        rewards = torch.randn(num_steps, num_envs, generator=generator) * 5 - 3
+        dones = torch.rand(num_steps, num_envs, generator=generator) < 0.2
+        dones[-1, rollout % num_envs] = True  # an episode that ends on the rollout's last step
+        expected, reference_running = step_by_step(reference_stats, reference_running, rewards, dones)
+        torch.testing.assert_close(scaler(rewards, dones), expected)
+        torch.testing.assert_close(scaler.returns, reference_running)
+        torch.testing.assert_close(scaler.return_rms.var, reference_stats.var)
+        torch.testing.assert_close(scaler.return_rms.mean, reference_stats.mean)
+        assert scaler.return_rms.count.item() == pytest.approx(reference_stats.count.item())
+
+
 # ---------------------------------------------------------------- 13: reproducibility and resume
 def test_same_seed_gives_identical_metrics_and_another_seed_does_not(tmp_path):
     """Bug: unseeded sampling, permutation or env somewhere in the loop."""
