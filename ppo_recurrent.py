@@ -265,8 +265,8 @@ class RewardScaler(nn.Module):
     but the running return restarts after the episode that ended, not before its last reward).
 
     Scales a whole rollout once it is collected (only the update reads rewards): the same numbers as merging
-    each step's returns into the statistics in turn, in one tensor op per step instead of fifteen, which were
-    a quarter of the per-step cost with a single env."""
+    each step's returns into the statistics in turn, in one tensor op per step instead of about fifteen (with one
+    env, training/raw throughput on HalfCheetah went from 0.21-0.26 to 0.27-0.29)."""
 
     def __init__(self, num_envs: int, gamma: float):
         super().__init__()
