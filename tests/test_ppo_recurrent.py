@@ -1,31 +1,18 @@
-"""ppo_recurrent.py: DESIGN.md §6 items 5, 11 and 13 for recurrent policies, each test named after its bug."""
+"""ppo_recurrent.py alone: DESIGN.md §6 items 5 and 11 for recurrent policies (sequences rebuild the rollout's
+hidden states, state zeroed at episode starts, the bootstrap does not advance it), each test named after its bug.
+The invariants shared with the other scripts are tested on all three in test_invariants.py."""
 
-import os
-import subprocess
-import sys
+import copy
 
 import numpy as np
 import pytest
 import torch
 
 import ppo_recurrent as ppo
+from conftest import run_cli, script_named
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMING_KEYS = ("charts/SPS", "time/rollout_s", "time/update_s", "time/rollout_fraction")
+SCRIPT = script_named("ppo_recurrent")
 TRUNKS = [("gru", True, 1), ("gru", False, 2), ("lstm", True, 2), ("lstm", False, 1)]
-
-
-def small_args(tmp_path, **overrides):
-    """PendulumNoVel with 24-step episodes, so that 8-step sequences hold episode starts at every offset."""
-    os.chdir(tmp_path)
-    defaults = dict(env_id="PendulumNoVel-v1", num_envs=3, num_steps=32, bptt_len=8, num_minibatches=4,
-                    update_epochs=2, total_timesteps=3 * 32 * 3, rnn_hidden_size=16, hidden_sizes=(16,),
-                    env_kwargs={"max_episode_steps": 21}, progress_bar=False)
-    return ppo.Args(**{**defaults, **overrides})
-
-
-def metrics_without_timing(history):
-    return [{k: v for k, v in h.items() if k not in TIMING_KEYS} for h in history]
 
 
 def make_agent(rnn_type="gru", shared=False, layers=1, obs_dim=3, hidden=8, seed=0, heads_see_obs=False):
@@ -99,10 +86,10 @@ def test_nothing_before_an_episode_start_reaches_the_steps_after_it(rnn_type, pa
 
 
 @pytest.mark.parametrize("rnn_type,shared,layers", TRUNKS)
-def test_first_minibatch_has_ratio_one_and_zero_kl(tmp_path, rnn_type, shared, layers):
+def test_first_minibatch_has_ratio_one_and_zero_kl(in_tmp, rnn_type, shared, layers):
     """Bug: training sequences that do not rebuild the rollout's hidden states (wrong starting state, missed
     reset, off-by-one sequence cut), or observations re-normalised with newer statistics."""
-    summary = ppo.train(small_args(tmp_path, rnn_type=rnn_type, shared_trunk=shared, rnn_layers=layers,
+    summary = ppo.train(SCRIPT.args(rnn_type=rnn_type, shared_trunk=shared, rnn_layers=layers,
                                    init_log_std=0.5))
     for h in summary["history"]:
         assert h["debug/first_minibatch_ratio_max_dev"] < 1e-4
@@ -110,16 +97,51 @@ def test_first_minibatch_has_ratio_one_and_zero_kl(tmp_path, rnn_type, shared, l
         assert h["losses/approx_kl"] > 0  # later minibatches did move the policy
 
 
-def test_recomputed_states_equal_the_stored_ones_while_the_weights_do_not_change(tmp_path):
-    """Bug: --recompute-hidden starting sequences from the wrong chunk or without the episode resets."""
-    history = ppo.train(small_args(tmp_path, recompute_hidden=True, learning_rate=0.0, anneal_lr=False,
-                                   adaptive_kl=0.0, update_epochs=3))["history"]
-    for h in history:  # every minibatch of every epoch: the policy that acted, scored on the same states
-        assert abs(h["losses/approx_kl"]) < 1e-6 and h["losses/clipfrac"] == 0.0
+def test_recompute_hidden_starts_every_later_epoch_from_the_states_the_current_weights_produce(in_tmp, monkeypatch):
+    """Bugs: --recompute-hidden that never runs (every epoch trains from the rollout's stored states), reruns
+    from the wrong chunk or starting state, or without the episode resets."""
+    rollout, calls = [], []
+    original_act, original_loss = ppo.RecurrentAgent.act, ppo.ppo_loss
+
+    def recording_act(self, obs, state, starts):
+        rollout.append((obs.clone(), state.clone(), starts.clone()))
+        return original_act(self, obs, state, starts)
+
+    def recording_loss(agent, obs, actions, states, starts, *rest):
+        calls.append((copy.deepcopy(agent), obs.clone(), states.clone(), starts.clone()))  # weights before the step
+        return original_loss(agent, obs, actions, states, starts, *rest)
+
+    monkeypatch.setattr(ppo.RecurrentAgent, "act", recording_act)
+    monkeypatch.setattr(ppo, "ppo_loss", recording_loss)
+    epochs = 3
+    args = SCRIPT.args(recompute_hidden=True, update_epochs=epochs, num_minibatches=1, learning_rate=3e-3,
+                       anneal_lr=False, adaptive_kl=0.0)
+    ppo.train(args)
+    T, K = args.num_steps, args.bptt_len
+    for iteration in range(len(calls) // epochs):
+        obs, states, starts = (torch.stack([r[i] for r in rollout[iteration * T : (iteration + 1) * T]]) for i in range(3))
+        stored = states[::K].flatten(0, 1)  # the state entering each chunk's first step, per (chunk, env)
+        for epoch in range(epochs):
+            agent, sequence_obs, sequence_states, sequence_starts = calls[iteration * epochs + epoch]
+            expected = stored
+            if epoch > 0:  # the rollout rerun step by step with the weights this epoch starts from
+                with torch.no_grad():
+                    state, chunk_states = states[0], []
+                    for t in range(T):
+                        state = state * ~starts[t, :, None]
+                        if t % K == 0:
+                            chunk_states.append(state)
+                        _, _, state = agent.features(obs[t][None], state, starts[t][None])
+                expected = torch.stack(chunk_states).flatten(0, 1)
+            match = torch.cdist(sequence_obs[0], obs[::K].flatten(0, 1), compute_mode="donot_use_mm_for_euclid_dist").argmin(1)
+            entering = sequence_states * ~sequence_starts[0, :, None]  # the loss zeroes it where an episode starts
+            torch.testing.assert_close(entering, expected[match], atol=1e-5, rtol=1e-5)
+            if epoch > 0:
+                assert not torch.allclose(entering, stored[match], atol=1e-4)  # the weights moved: so did the states
 
 
 # ---------------------------------------------------------------- 5: hidden state at episode starts, bootstrap
-def test_stored_state_is_zero_at_every_episode_start_and_sequences_start_from_the_stored_state(tmp_path, monkeypatch):
+def test_stored_state_is_zero_at_every_episode_start_and_sequences_start_from_the_stored_state(in_tmp, monkeypatch):
     """Bugs: carrying the hidden state into a new episode, or training sequences that start from some other
     state (or step) than the one the rollout stored for their first step."""
     acted, trained = [], []
@@ -135,7 +157,7 @@ def test_stored_state_is_zero_at_every_episode_start_and_sequences_start_from_th
 
     monkeypatch.setattr(ppo.RecurrentAgent, "act", recording_act)
     monkeypatch.setattr(ppo, "ppo_loss", recording_loss)
-    args = small_args(tmp_path, update_epochs=1, num_minibatches=1)
+    args = SCRIPT.args(update_epochs=1, num_minibatches=1)
     ppo.train(args)
     obs, states, starts = (torch.stack([a[i] for a in acted]) for i in range(3))
     assert starts.sum() >= 9 and (~starts).sum() > 0
@@ -156,7 +178,7 @@ def test_stored_state_is_zero_at_every_episode_start_and_sequences_start_from_th
             torch.testing.assert_close(sequence_obs[k], obs[rollout][k::K].flatten(0, 1)[match])
 
 
-def test_bootstrap_value_does_not_advance_the_carried_state(tmp_path, monkeypatch):
+def test_bootstrap_value_does_not_advance_the_carried_state(in_tmp, monkeypatch):
     """Bug: computing V(next_obs) by stepping the recurrent trunk and keeping its state, so the next rollout
     starts one observation ahead (the last observation is consumed twice)."""
     acted = []
@@ -168,7 +190,7 @@ def test_bootstrap_value_does_not_advance_the_carried_state(tmp_path, monkeypatc
         return out
 
     monkeypatch.setattr(ppo.RecurrentAgent, "act", recording_act)
-    args = small_args(tmp_path)
+    args = SCRIPT.args()
     ppo.train(args)
     for boundary in range(args.num_steps, len(acted), args.num_steps):
         _, _, state_after_last_step = acted[boundary - 1]
@@ -177,29 +199,10 @@ def test_bootstrap_value_does_not_advance_the_carried_state(tmp_path, monkeypatc
         assert (~starts_in).any()
 
 
-# ---------------------------------------------------------------- 13: reproducibility, resume, evaluation
-def test_same_seed_gives_identical_metrics_and_another_seed_does_not(tmp_path):
-    """Bug: unseeded sampling, permutation, initial state or env somewhere in the loop."""
-    first = ppo.train(small_args(tmp_path, seed=3))["history"]
-    second = ppo.train(small_args(tmp_path, seed=3))["history"]
-    other = ppo.train(small_args(tmp_path, seed=4))["history"]
-    assert metrics_without_timing(first) == metrics_without_timing(second)
-    assert metrics_without_timing(first) != metrics_without_timing(other)
-
-
-def test_resume_continues_exactly_like_an_uninterrupted_run_hidden_state_included(tmp_path):
-    """Bug: resuming from a fresh (zero) hidden state or a fresh episode instead of the carried ones."""
-    straight = ppo.train(small_args(tmp_path, total_timesteps=4 * 96, checkpoint_interval=2))
-    midpoint = os.path.join(straight["run_dir"], "checkpoint_000002.pt")
-    assert torch.load(midpoint, weights_only=True)["rnn_state"].abs().sum() > 0
-    resumed = ppo.train(ppo.Args(resume=midpoint, progress_bar=False))
-    assert [h["iteration"] for h in resumed["history"]] == [3, 4]
-    assert metrics_without_timing(resumed["history"]) == metrics_without_timing(straight["history"][2:])
-
-
-def test_evaluation_resets_the_hidden_state_at_episode_starts_and_freezes_the_normaliser(tmp_path, monkeypatch):
-    """Bugs: evaluation carrying memory across episodes, or updating the observation statistics."""
-    summary = ppo.train(small_args(tmp_path))
+# ---------------------------------------------------------------- evaluation
+def test_evaluation_resets_the_hidden_state_at_episode_starts(in_tmp, monkeypatch):
+    """Bug: evaluation carrying memory across episodes (or not carrying it inside one)."""
+    summary = ppo.train(SCRIPT.args())
     seen = []
     original = ppo.RecurrentAgent.mean_action
 
@@ -208,7 +211,6 @@ def test_evaluation_resets_the_hidden_state_at_episode_starts_and_freezes_the_no
         return original(self, obs, state, starts)
 
     monkeypatch.setattr(ppo.RecurrentAgent, "mean_action", recording)
-    monkeypatch.setattr(ppo.RunningMeanStd, "update", lambda *a: pytest.fail("normaliser updated in evaluation"))
     result = ppo.evaluate(summary["checkpoint"], episodes=17, device="cpu")  # 16 envs, 2 episodes each
     assert result["episodes"] == 32 and np.isfinite(result["mean_return"])
     starts = torch.stack([st for _, st in seen])
@@ -218,13 +220,8 @@ def test_evaluation_resets_the_hidden_state_at_episode_starts_and_freezes_the_no
 
 
 # ---------------------------------------------------------------- CLI and errors
-def run_cli(*flags, cwd):
-    return subprocess.run([sys.executable, os.path.join(REPO, "ppo_recurrent.py"), *flags], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
-
-
 def test_help_lists_the_recurrent_flags(tmp_path):
-    result = run_cli("--help", cwd=tmp_path)
+    result = run_cli("ppo_recurrent", "--help", cwd=tmp_path)
     assert result.returncode == 0
     for flag in ("--rnn-type", "--bptt-len", "--shared-trunk", "--recompute-hidden", "--resume"):
         assert flag in result.stdout
@@ -243,16 +240,16 @@ def test_help_lists_the_recurrent_flags(tmp_path):
 def test_bad_flags_give_a_clear_error_naming_the_flag(tmp_path, flags, message):
     if flags[0] not in ("--env-id", "--resume"):
         flags = ["--env-id", "PendulumNoVel-v1", *flags]
-    result = run_cli(*flags, "--no-progress-bar", cwd=tmp_path)
+    result = run_cli("ppo_recurrent", *flags, "--no-progress-bar", cwd=tmp_path)
     assert result.returncode != 0
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
 # ---------------------------------------------------------------- learning and the Genesis path
-def test_recurrent_policy_learns_a_masked_cue_that_no_memoryless_policy_can_use(tmp_path):
+def test_recurrent_policy_learns_a_masked_cue_that_no_memoryless_policy_can_use(in_tmp):
     """Bug: memory that does not work (state not carried in the rollout, no gradient through time, sequences
     cut from the wrong steps): the return then stays at or below the memoryless optimum, -7."""
-    args = small_args(tmp_path, env_id="MemoryCue-v0", env_kwargs=None, num_envs=16, num_steps=32, bptt_len=16,
+    args = SCRIPT.args(env_id="MemoryCue-v0", env_kwargs=None, num_envs=16, num_steps=32, bptt_len=16,
                       num_minibatches=4, update_epochs=4, total_timesteps=16 * 32 * 16, learning_rate=3e-3,
                       anneal_lr=False, gamma=0.9, norm_reward=False, init_log_std=-0.5)
     history = ppo.train(args)["history"]
@@ -261,9 +258,9 @@ def test_recurrent_policy_learns_a_masked_cue_that_no_memoryless_policy_can_use(
     assert np.mean(returns[-3:]) > -2  # about -0.2 on the reference machine
 
 
-def test_franka_reach_novel_trains_and_evaluates(tmp_path):
+def test_franka_reach_novel_trains_and_evaluates(in_tmp):
     """Bug: the Genesis path (success, reward terms, staggered episode starts) breaks the recurrent script."""
-    args = small_args(tmp_path, env_id="FrankaReachNoVel-v0", num_envs=16, num_steps=8, bptt_len=0,
+    args = SCRIPT.args(env_id="FrankaReachNoVel-v0", num_envs=16, num_steps=8, bptt_len=0,
                       num_minibatches=2, total_timesteps=16 * 8 * 3, sim_device="cpu", policy_device="cpu",
                       env_kwargs={"max_episode_steps": 10})
     summary = ppo.train(args)

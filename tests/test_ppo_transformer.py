@@ -1,34 +1,19 @@
-"""ppo_transformer.py: DESIGN.md §6 items 5, 12 and 13 for attention over steps and tokens, each test named
-after the bug it catches."""
+"""ppo_transformer.py alone: DESIGN.md §6 items 5 and 12 for attention over steps and tokens (windows rebuilt
+exactly, no attention across an episode boundary, causal), each test named after the bug it catches. The
+invariants shared with the other scripts are tested on all three in test_invariants.py."""
 
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 import ppo_transformer as ppo
+from conftest import run_cli, script_named
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMING_KEYS = ("charts/SPS", "time/rollout_s", "time/update_s", "time/rollout_fraction")
+SCRIPT = script_named("ppo_transformer")
 MODES = {"history": dict(context_len=4, num_tokens=1), "tokens": dict(context_len=1, num_tokens=3),
          "both": dict(context_len=3, num_tokens=2)}
-
-
-def small_args(tmp_path, **overrides):
-    """PendulumNoVel with 7-step episodes, so that windows cross episode starts all the time."""
-    os.chdir(tmp_path)
-    defaults = dict(env_id="PendulumNoVel-v1", num_envs=3, num_steps=16, num_minibatches=4, update_epochs=2,
-                    total_timesteps=3 * 16 * 3, token_dim=8, num_heads=2, num_layers=2, hidden_sizes=(16,),
-                    env_kwargs={"max_episode_steps": 7}, progress_bar=False)
-    return ppo.Args(**{**defaults, **overrides})
-
-
-def metrics_without_timing(history):
-    return [{k: v for k, v in h.items() if k not in TIMING_KEYS} for h in history]
 
 
 def make_agent(obs_dim=3, seed=0, **overrides):
@@ -155,20 +140,56 @@ def test_small_init_starts_the_branches_quiet():
     assert ratios[True] < 0.05 < ratios[False]
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("gated,pre_ln", [(False, True), (True, False)])
+def test_diagnostic_attention_equals_the_fused_attention_it_stands_for(mode, gated, pre_ln):
+    """Bug: the written-out attention that logs entropies drifting from the fused kernel that trains (another
+    scale, mask or softmax axis), so the diagnostics describe a different network."""
+    agent = make_agent(gated=gated, pre_ln=pre_ln, **MODES[mode])
+    obs, done = random_rollout(T=30)
+    windows, valid, _, _ = simulate_context(obs, done, agent.context_len)
+    windows, valid = windows.flatten(0, 1), valid.flatten(0, 1)
+    with torch.no_grad():
+        diagnostics = {"attention_entropy": [], "residual_ratio": []}
+        written_out = agent.features(windows, valid, diagnostics)
+        torch.testing.assert_close(written_out, agent.features(windows, valid), atol=1e-5, rtol=1e-5)
+
+
+def test_attention_entropy_is_that_of_the_attention_over_the_valid_tokens(monkeypatch):
+    """Bug: an entropy summed over the wrong axis, counting masked keys, or averaged over the wrong queries."""
+    agent = make_agent(context_len=4, num_tokens=2, num_layers=2)
+    D = agent.token_dim
+    with torch.no_grad():
+        for block in agent.blocks:  # zero queries: every query attends uniformly to the keys it may see
+            block.qkv.weight[:D] = 0.0
+            block.qkv.bias[:D] = 0.0
+    obs, done = random_rollout(T=30)
+    windows, valid, _, _ = simulate_context(obs, done, agent.context_len)
+    windows, valid = windows.flatten(0, 1), valid.flatten(0, 1)
+    diagnostics = {"attention_entropy": [], "residual_ratio": []}
+    with torch.no_grad():
+        agent.features(windows, valid, diagnostics)
+    expected = torch.log(valid.sum(1).float() * agent.num_tokens).mean()  # log(number of valid tokens)
+    assert (valid.sum(1) < agent.context_len).any()
+    for entropy in diagnostics["attention_entropy"]:  # one per layer: (heads,)
+        torch.testing.assert_close(entropy, expected.expand_as(entropy))
+
+
 # ---------------------------------------------------------------- 5: what the update sees
 @pytest.mark.parametrize("mode", MODES)
-def test_first_minibatch_has_ratio_one_and_zero_kl(tmp_path, mode):
+def test_first_minibatch_has_ratio_one_and_zero_kl(in_tmp, mode):
     """Bug: the update scoring actions on other windows than the rollout acted on (lost carried context,
     a missed episode start, observations re-normalised with newer statistics)."""
-    summary = ppo.train(small_args(tmp_path, init_log_std=0.5, **MODES[mode]))
+    summary = ppo.train(SCRIPT.args(init_log_std=0.5, **MODES[mode]))
     for h in summary["history"]:
         assert h["debug/first_minibatch_ratio_max_dev"] < 1e-5
         assert abs(h["debug/first_minibatch_approx_kl"]) < 1e-6
         assert h["losses/approx_kl"] > 0
 
 
-def test_attention_diagnostics_are_logged_per_layer_and_head(tmp_path):
-    args = small_args(tmp_path, context_len=4, num_tokens=2, num_layers=2, num_heads=2)
+def test_attention_diagnostics_are_logged_per_layer_and_head(in_tmp):
+    """Bug: diagnostics missing for some layer or head, or entropies out of their range."""
+    args = SCRIPT.args(context_len=4, num_tokens=2, num_layers=2, num_heads=2)
     last = ppo.train(args)["history"][-1]
     for layer in range(2):
         for head in range(2):
@@ -179,27 +200,10 @@ def test_attention_diagnostics_are_logged_per_layer_and_head(tmp_path):
         assert last[f"gradients/grad_max_layer/{layer}"] > 0
 
 
-# ---------------------------------------------------------------- 13: reproducibility and resume
-def test_same_seed_gives_identical_metrics_and_another_seed_does_not(tmp_path):
-    first = ppo.train(small_args(tmp_path, seed=3))["history"]
-    second = ppo.train(small_args(tmp_path, seed=3))["history"]
-    other = ppo.train(small_args(tmp_path, seed=4))["history"]
-    assert metrics_without_timing(first) == metrics_without_timing(second)
-    assert metrics_without_timing(first) != metrics_without_timing(other)
-
-
-def test_resume_continues_exactly_like_an_uninterrupted_run_context_included(tmp_path):
-    """Bug: resuming with an empty context window (or fresh episodes) instead of the carried one."""
-    straight = ppo.train(small_args(tmp_path, context_len=4, total_timesteps=4 * 48, checkpoint_interval=2))
-    midpoint = os.path.join(straight["run_dir"], "checkpoint_000002.pt")
-    assert (torch.load(midpoint, weights_only=True)["context"]["episode"] >= 0).any()
-    resumed = ppo.train(ppo.Args(resume=midpoint, progress_bar=False))
-    assert [h["iteration"] for h in resumed["history"]] == [3, 4]
-    assert metrics_without_timing(resumed["history"]) == metrics_without_timing(straight["history"][2:])
-
-
-def test_evaluation_freezes_the_normaliser_and_windows_reset_at_episode_starts(tmp_path, monkeypatch):
-    summary = ppo.train(small_args(tmp_path, context_len=4))
+# ---------------------------------------------------------------- evaluation
+def test_evaluation_windows_reset_at_episode_starts(in_tmp, monkeypatch):
+    """Bug: evaluation windows that reach into the previous episode (or forget the current one)."""
+    summary = ppo.train(SCRIPT.args(context_len=4))
     seen = []
     original = ppo.TransformerAgent.mean_action
 
@@ -208,7 +212,6 @@ def test_evaluation_freezes_the_normaliser_and_windows_reset_at_episode_starts(t
         return original(self, windows, valid)
 
     monkeypatch.setattr(ppo.TransformerAgent, "mean_action", recording)
-    monkeypatch.setattr(ppo.RunningMeanStd, "update", lambda *a: pytest.fail("normaliser updated in evaluation"))
     result = ppo.evaluate(summary["checkpoint"], episodes=17, device="cpu")  # 16 envs, 2 episodes each
     assert result["episodes"] == 32 and np.isfinite(result["mean_return"])
     assert seen[0].sum(1).eq(1).all() and seen[7].sum(1).eq(1).all()  # 7-step episodes: fresh window at 0 and 7
@@ -216,13 +219,8 @@ def test_evaluation_freezes_the_normaliser_and_windows_reset_at_episode_starts(t
 
 
 # ---------------------------------------------------------------- CLI and errors
-def run_cli(*flags, cwd):
-    return subprocess.run([sys.executable, os.path.join(REPO, "ppo_transformer.py"), *flags], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
-
-
 def test_help_lists_the_transformer_flags(tmp_path):
-    result = run_cli("--help", cwd=tmp_path)
+    result = run_cli("ppo_transformer", "--help", cwd=tmp_path)
     assert result.returncode == 0
     for flag in ("--context-len", "--num-tokens", "--token-dim", "--gated", "--pre-ln", "--small-init",
                  "--pos-encoding", "--critic"):
@@ -238,15 +236,15 @@ def test_help_lists_the_transformer_flags(tmp_path):
     ],
 )
 def test_bad_flags_give_a_clear_error_naming_the_flag(tmp_path, flags, message):
-    result = run_cli("--env-id", "PendulumNoVel-v1", *flags, "--no-progress-bar", cwd=tmp_path)
+    result = run_cli("ppo_transformer", "--env-id", "PendulumNoVel-v1", *flags, "--no-progress-bar", cwd=tmp_path)
     assert result.returncode != 0
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
 # ---------------------------------------------------------------- the Genesis path
-def test_franka_reach_token_mode_trains_and_evaluates(tmp_path):
+def test_franka_reach_token_mode_trains_and_evaluates(in_tmp):
     """Bug: the Genesis path (success, reward terms, final_obs windows) breaks the transformer script."""
-    args = small_args(tmp_path, env_id="FrankaReach-v0", num_envs=16, num_steps=8, num_minibatches=2,
+    args = SCRIPT.args(env_id="FrankaReach-v0", num_envs=16, num_steps=8, num_minibatches=2,
                       total_timesteps=16 * 8 * 3, sim_device="cpu", policy_device="cpu", context_len=2, num_tokens=2,
                       env_kwargs={"max_episode_steps": 10})
     summary = ppo.train(args)

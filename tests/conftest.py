@@ -1,0 +1,315 @@
+"""What the test files share: one adapter per script (so a test written once runs on all three), tiny run
+settings, a scripted env whose every observation, reward and episode end is known, and small helpers.
+
+The scripts are copies by design; a test parametrised with the `script` fixture holds an invariant on every
+copy, and a fourth script only needs an adapter here."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from envs import EpisodeTracker
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = ("ppo_continuous", "ppo_recurrent", "ppo_transformer")
+TIMING_KEYS = ("charts/SPS", "time/rollout_s", "time/update_s", "time/rollout_fraction")
+
+
+def metrics_without_timing(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in h.items() if k not in TIMING_KEYS} for h in history]
+
+
+def run_cli(script: str, *flags: str, cwd, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Runs `python <script>.py FLAGS` in `cwd` and returns the finished process (text output)."""
+    return subprocess.run([sys.executable, os.path.join(REPO, f"{script}.py"), *flags], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def naive_gae(rewards, values, last_value, final_values, terminated, truncated, gamma, lam):
+    """Per env, per step: the explicit discounted sum of TD errors up to the end of the episode (or rollout)."""
+    T, N = rewards.shape
+    advantages = torch.zeros(T, N, dtype=torch.float64)
+    for n in range(N):
+        for t in range(T):
+            total, k = 0.0, t
+            while True:
+                if terminated[k, n]:
+                    next_value = 0.0
+                elif truncated[k, n]:
+                    next_value = final_values[k, n]
+                elif k == T - 1:
+                    next_value = last_value[n]
+                else:
+                    next_value = values[k + 1, n]
+                delta = rewards[k, n] + gamma * next_value - values[k, n]
+                total += (gamma * lam) ** (k - t) * delta
+                if terminated[k, n] or truncated[k, n] or k == T - 1:
+                    break
+                k += 1
+            advantages[t, n] = total
+    return advantages
+
+
+# ---------------------------------------------------------------- one adapter per script
+class Script:
+    """Calls one script's agent and loss the same way for every script: single steps from a fresh episode
+    (zero recurrent state, a window holding only the current step)."""
+
+    #: tiny runs of a few iterations on a Pendulum task (each script's own, see SMALL_ARGS)
+    small: dict
+    #: checkpoint entries that carry the policy's memory between rollouts
+    memory_keys: tuple[str, ...] = ()
+
+    def __init__(self, name: str):
+        self.name = name
+        self.module = importlib.import_module(name)
+
+    def __repr__(self):
+        return self.name
+
+    def args(self, **overrides):
+        return self.module.Args(**{**self.small, **overrides})
+
+    def make_agent(self, obs_dim=3, act_dim=2, low=-1.0, high=1.0, transform="clip", init_log_std=0.0, seed=0):
+        raise NotImplementedError
+
+    def act(self, agent, obs):
+        """(action, logprob, value) for (B, obs_dim) observations, sampled as in the rollout."""
+        raise NotImplementedError
+
+    def evaluate(self, agent, obs, actions):
+        """(logprob, entropy, value) as the loss computes them."""
+        raise NotImplementedError
+
+    def mean(self, agent, obs):
+        """The Gaussian's mean (before any clip or squash)."""
+        raise NotImplementedError
+
+    def loss(self, agent, obs, actions, old_logprobs, advantages, returns, old_values, args):
+        raise NotImplementedError
+
+    def loss_rows(self, loss_inputs: tuple) -> dict[str, torch.Tensor]:
+        """From the arguments of one ppo_loss call less the agent and args: per step (rows), the current
+        observation, the action, the old log-prob and the value target."""
+        raise NotImplementedError
+
+    def acted_obs(self, act_inputs: tuple) -> torch.Tensor:
+        """From the arguments of one Agent.act call: the current observation of each env."""
+        return act_inputs[0]
+
+
+class MLPScript(Script):
+    small = dict(env_id="Pendulum-v1", num_envs=2, num_steps=64, num_minibatches=4, update_epochs=2,
+                 total_timesteps=2 * 64 * 4, progress_bar=False)
+
+    def make_agent(self, obs_dim=3, act_dim=2, low=-1.0, high=1.0, transform="clip", init_log_std=0.0, seed=0):
+        torch.manual_seed(seed)
+        return self.module.Agent(obs_dim, act_dim, (16,), "tanh", init_log_std, np.full(act_dim, low),
+                                 np.full(act_dim, high), transform)
+
+    def act(self, agent, obs):
+        return agent.act(obs)
+
+    def evaluate(self, agent, obs, actions):
+        return agent.evaluate(obs, actions)
+
+    def mean(self, agent, obs):
+        return agent.actor_mean(obs)
+
+    def loss(self, agent, obs, actions, old_logprobs, advantages, returns, old_values, args):
+        return self.module.ppo_loss(agent, obs, actions, old_logprobs, advantages, returns, old_values, args)
+
+    def loss_rows(self, loss_inputs):
+        obs, actions, logprobs, _, returns, _ = loss_inputs
+        return dict(obs=obs, actions=actions, logprobs=logprobs, returns=returns)
+
+
+class RecurrentScript(Script):
+    # 21-step episodes and 8-step sequences: episode starts fall at every offset inside the sequences.
+    small = dict(env_id="PendulumNoVel-v1", num_envs=3, num_steps=32, bptt_len=8, num_minibatches=4,
+                 update_epochs=2, total_timesteps=3 * 32 * 3, rnn_hidden_size=16, hidden_sizes=(16,),
+                 env_kwargs={"max_episode_steps": 21}, progress_bar=False)
+    memory_keys = ("rnn_state", "next_start")
+
+    def make_agent(self, obs_dim=3, act_dim=2, low=-1.0, high=1.0, transform="clip", init_log_std=0.0, seed=0):
+        torch.manual_seed(seed)
+        return self.module.RecurrentAgent(obs_dim, act_dim, "gru", 8, 1, False, False, (16,), "tanh", init_log_std,
+                                          np.full(act_dim, low), np.full(act_dim, high), transform)
+
+    @staticmethod
+    def _fresh(agent, obs):
+        return agent.initial_state(obs.shape[0]), torch.ones(obs.shape[0], dtype=torch.bool)
+
+    def act(self, agent, obs):
+        return agent.act(obs, *self._fresh(agent, obs))[:3]
+
+    def evaluate(self, agent, obs, actions):
+        state, starts = self._fresh(agent, obs)
+        logprob, entropy, value = agent.evaluate(obs[None], actions[None], state, starts[None])
+        return logprob[0], entropy[0], value[0]
+
+    def mean(self, agent, obs):
+        state, starts = self._fresh(agent, obs)
+        actor_features, _, _ = agent.features(obs[None], state, starts[None])
+        return agent.actor_mean(actor_features[0])
+
+    def loss(self, agent, obs, actions, old_logprobs, advantages, returns, old_values, args):
+        state, starts = self._fresh(agent, obs)
+        return self.module.ppo_loss(agent, obs[None], actions[None], state, starts[None], old_logprobs[None],
+                                    advantages[None], returns[None], old_values[None], args)
+
+    def loss_rows(self, loss_inputs):
+        obs, actions, _, _, logprobs, _, returns, _ = loss_inputs  # (K, B, ...) sequences
+        rows = lambda x: x.transpose(0, 1).flatten(0, 1)  # noqa: E731
+        return dict(obs=rows(obs), actions=rows(actions), logprobs=rows(logprobs), returns=rows(returns))
+
+
+class TransformerScript(Script):
+    # 7-step episodes: windows cross episode starts all the time.
+    small = dict(env_id="PendulumNoVel-v1", num_envs=3, num_steps=16, num_minibatches=4, update_epochs=2,
+                 total_timesteps=3 * 16 * 3, token_dim=8, num_heads=2, num_layers=2, hidden_sizes=(16,),
+                 env_kwargs={"max_episode_steps": 7}, progress_bar=False)
+    memory_keys = ("context",)
+
+    def make_agent(self, obs_dim=3, act_dim=2, low=-1.0, high=1.0, transform="clip", init_log_std=0.0, seed=0):
+        torch.manual_seed(seed)
+        args = self.module.resolve_args(self.module.Args(
+            env_id="PendulumNoVel-v1", token_dim=8, num_heads=2, num_layers=1, context_len=3, num_tokens=2,
+            hidden_sizes=(16,), init_log_std=init_log_std, action_transform=transform, critic="shared"))
+        return self.module.TransformerAgent(obs_dim, act_dim, args, np.full(act_dim, low), np.full(act_dim, high))
+
+    @staticmethod
+    def _window(agent, obs):
+        windows = obs.new_zeros(obs.shape[0], agent.context_len, obs.shape[1])
+        windows[:, -1] = obs
+        valid = torch.zeros(obs.shape[0], agent.context_len, dtype=torch.bool)
+        valid[:, -1] = True
+        return windows, valid
+
+    def act(self, agent, obs):
+        return agent.act(*self._window(agent, obs))
+
+    def evaluate(self, agent, obs, actions):
+        return agent.evaluate(*self._window(agent, obs), actions)
+
+    def mean(self, agent, obs):
+        return agent.actor_mean(agent.features(*self._window(agent, obs)))
+
+    def loss(self, agent, obs, actions, old_logprobs, advantages, returns, old_values, args):
+        return self.module.ppo_loss(agent, *self._window(agent, obs), actions, old_logprobs, advantages, returns,
+                                    old_values, args)
+
+    def loss_rows(self, loss_inputs):
+        windows, _, actions, logprobs, _, returns, _ = loss_inputs
+        return dict(obs=windows[:, -1], actions=actions, logprobs=logprobs, returns=returns)
+
+    def acted_obs(self, act_inputs):
+        return act_inputs[0][:, -1]
+
+
+ADAPTERS = {"ppo_continuous": MLPScript, "ppo_recurrent": RecurrentScript, "ppo_transformer": TransformerScript}
+
+
+@pytest.fixture(params=SCRIPTS)
+def script(request) -> Script:
+    """Each of the three scripts in turn."""
+    return ADAPTERS[request.param](request.param)
+
+
+def script_named(name: str) -> Script:
+    return ADAPTERS[name](name)
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Runs the test from tmp_path, so that runs/ and wandb/ land there."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+# ---------------------------------------------------------------- a scripted env
+class ScriptedEnv:
+    """A batched env under the envs/ contract whose outputs are all known in advance.
+
+    Observation of env n at global step k: [k + 100 n, sin(1.3 t + n)] (t: the step within the episode), so
+    every observation is unique and identifies its env and step; a final observation adds 0.5 to the first
+    entry, so it never equals an observation acted on. Episodes end on the schedule `ends[k, n]` (0: go on,
+    1: terminated, 2: truncated). The reward depends on the observation acted on and the action received.
+    Records every action received and every (final) observation, reward and flag given.
+    """
+
+    def __init__(self, num_envs: int, ends: torch.Tensor, device="cpu", action_bound: float = 0.5):
+        self.num_envs, self.device, self.ends = num_envs, device, ends
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.single_action_space = gym.spaces.Box(-action_bound, action_bound, (1,), np.float32)
+        self.episodes = EpisodeTracker(num_envs, device)
+        self.received, self.rewards, self.terminated, self.truncated, self.final_obs = [], [], [], [], []
+        self.t = torch.zeros(num_envs)
+        self.k = 0
+
+    def _obs(self):
+        env = torch.arange(self.num_envs)
+        return torch.stack([self.k + 100.0 * env, torch.sin(self.t * 1.3 + env)], -1)
+
+    def reset(self, seed=None, options=None):
+        self.t.zero_()
+        self.k = 0
+        self.obs = self._obs()
+        return self.obs.clone(), {}
+
+    def step(self, action):
+        action = torch.as_tensor(action, dtype=torch.float32)
+        self.received.append(action.clone())
+        reward = self.obs[:, 1] + action[:, 0] + 0.01 * self.k
+        ends = self.ends[self.k]
+        terminated, truncated = ends == 1, ends == 2
+        self.t += 1
+        final_obs = self._obs()
+        final_obs[:, 0] += 0.5
+        self.k += 1
+        self.t[terminated | truncated] = 0
+        self.obs = self._obs()
+        final_obs = torch.where((terminated | truncated)[:, None], final_obs, self.obs)
+        for log, value in ((self.rewards, reward), (self.terminated, terminated), (self.truncated, truncated),
+                           (self.final_obs, final_obs)):
+            log.append(value.clone())
+        info = {"final_obs": final_obs, "episode": self.episodes.update(reward, terminated | truncated),
+                "sim_errors": torch.zeros(self.num_envs, dtype=torch.bool)}
+        return self.obs.clone(), reward, terminated, truncated, info
+
+    def state_dict(self):
+        raise NotImplementedError
+
+    def close(self):
+        pass
+
+
+def episode_schedule(steps: int, num_envs: int, rollout: int, seed: int = 0) -> torch.Tensor:
+    """Irregular episode ends (one-step episodes included), with a termination and a truncation on the last
+    step of every rollout."""
+    generator = torch.Generator().manual_seed(seed)
+    draw = torch.rand(steps, num_envs, generator=generator)
+    ends = torch.where(draw < 0.12, 1, torch.where(draw < 0.24, 2, 0))
+    ends[rollout - 1 :: rollout, 0] = 1
+    ends[rollout - 1 :: rollout, 1] = 2
+    return ends
+
+
+def use_scripted_env(monkeypatch, module, ends: torch.Tensor, action_bound: float = 0.5) -> list[ScriptedEnv]:
+    """Makes `module`'s envs.make return ScriptedEnvs; returns the list they are appended to."""
+    made: list[ScriptedEnv] = []
+
+    def make(env_id, num_envs, seed, device, **kwargs):
+        made.append(ScriptedEnv(num_envs, ends, device, action_bound))
+        return made[-1]
+
+    monkeypatch.setattr(module.envs, "make", make)
+    return made

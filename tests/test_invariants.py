@@ -1,0 +1,567 @@
+"""DESIGN.md §6 on all three scripts at once: every invariant the scripts share, each test named after its bug.
+
+Script-specific invariants (recurrent state, attention windows) are in the scripts' own test files. The loop
+tests run a real training loop on a scripted env (tests/conftest.py) and check, for every step, what the loop
+hands to compute_gae and to the loss against a reference computed independently from what the env gave and
+from a copy of the agent taken when the rollout ended."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
+
+from conftest import (
+    SCRIPTS, episode_schedule, metrics_without_timing, naive_gae, script_named, use_scripted_env,
+)
+
+
+# ---------------------------------------------------------------- 1, 2: GAE and bootstrapping (pure functions)
+@pytest.mark.parametrize("seed", range(4))
+def test_gae_matches_a_naive_per_episode_reference(script, seed):
+    """Bug: advantages leaking across episode ends, or a wrong bootstrap at the rollout's last step."""
+    g = torch.Generator().manual_seed(seed)
+    T, N = 17, 6
+    rewards, values, final_values = (torch.randn(T, N, generator=g, dtype=torch.float64) for _ in range(3))
+    last_value = torch.randn(N, generator=g, dtype=torch.float64)
+    terminated = torch.rand(T, N, generator=g) < 0.15
+    truncated = (torch.rand(T, N, generator=g) < 0.15) & ~terminated
+    terminated[-1, 0], truncated[-1, 1] = True, True  # episode ends on the last rollout step
+    advantages, returns = script.module.compute_gae(rewards, values, last_value, final_values, terminated, truncated,
+                                                    0.97, 0.9)
+    expected = naive_gae(rewards, values, last_value, final_values, terminated, truncated, 0.97, 0.9)
+    torch.testing.assert_close(advantages, expected)
+    torch.testing.assert_close(returns, expected + values)
+
+
+def test_truncation_bootstraps_from_final_obs_value_and_termination_does_not_bootstrap(script):
+    """Bug: bootstrapping a time-out from V(reset obs) or V(s_t), or a true terminal state from anything."""
+    values = torch.tensor([[1.0, 1.0]])
+    last_value = torch.tensor([100.0, 100.0])  # V of the reset observation that follows
+    final_values = torch.tensor([[5.0, 5.0]])  # V(final_obs) of the ended episodes
+    terminated, truncated = torch.tensor([[False, True]]), torch.tensor([[True, False]])
+    advantages, _ = script.module.compute_gae(torch.zeros(1, 2), values, last_value, final_values, terminated,
+                                              truncated, 0.9, 1.0)
+    assert advantages[0, 0].item() == pytest.approx(0.9 * 5.0 - 1.0)  # not 0.9*100-1, not 0.9*1-1
+    assert advantages[0, 1].item() == pytest.approx(-1.0)
+
+
+# ---------------------------------------------------------------- 1-6 inside the training loop
+class LoopRecord:
+    """Everything that crossed the loop's seams in one training run: each Agent.act call (inputs, outputs),
+    each compute_gae call (inputs, a copy of the agent that acted), each ppo_loss call (inputs), and the
+    observation statistics after each normaliser update."""
+
+    def __init__(self):
+        self.acts, self.gae, self.losses, self.obs_stats = [], [], [], []
+        self.agent = None
+
+
+def clone(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, tuple):
+        return tuple(clone(v) for v in x)
+    return x
+
+
+def agent_class(module):
+    return next(getattr(module, name) for name in ("RecurrentAgent", "TransformerAgent", "Agent") if hasattr(module, name))
+
+
+def run_recorded(script, monkeypatch, tmp_path, **overrides):
+    monkeypatch.chdir(tmp_path)
+    module, record = script.module, LoopRecord()
+    cls = agent_class(module)
+    original_act, original_gae, original_loss = cls.act, module.compute_gae, module.ppo_loss
+    original_update = module.ObsNormalizer.update
+
+    def act(self, *inputs):
+        record.agent = self
+        outputs = original_act(self, *inputs)
+        record.acts.append((clone(inputs), clone(outputs)))
+        return outputs
+
+    def compute_gae(*inputs):
+        with torch.inference_mode(False):  # a copy of the weights that acted, before the update changes them
+            snapshot = copy.deepcopy(record.agent)
+        record.gae.append((clone(inputs), snapshot))
+        return original_gae(*inputs)
+
+    def ppo_loss(*inputs):
+        record.losses.append((len(record.gae) - 1, clone(inputs[1:-1])))
+        return original_loss(*inputs)
+
+    def update(self, x):
+        original_update(self, x)
+        record.obs_stats.append((self.mean.clone(), self.var.clone()))
+
+    monkeypatch.setattr(cls, "act", act)
+    monkeypatch.setattr(module, "compute_gae", compute_gae)
+    monkeypatch.setattr(module, "ppo_loss", ppo_loss)
+    monkeypatch.setattr(module.ObsNormalizer, "update", update)
+    args = script.args(**overrides)
+    T = args.num_steps
+    made = use_scripted_env(monkeypatch, module, episode_schedule(4096, args.num_envs, T))
+    module.train(args)
+    return record, made[0], args, original_act
+
+
+LOOP_OVERRIDES = {
+    "ppo_continuous": dict(num_envs=3, num_steps=16, num_minibatches=4, total_timesteps=3 * 16 * 3),
+    "ppo_recurrent": dict(num_envs=3, num_steps=16, bptt_len=8, num_minibatches=2, total_timesteps=3 * 16 * 3),
+    "ppo_transformer": dict(num_envs=3, num_steps=16, num_minibatches=4, context_len=4, num_tokens=2,
+                            total_timesteps=3 * 16 * 3),
+}
+
+
+@pytest.fixture(scope="module", params=[(s, norm) for s in SCRIPTS for norm in (False, True)],
+                ids=lambda p: f"{p[0]}-{'normalised' if p[1] else 'raw'}")
+def loop(request, tmp_path_factory):
+    """One recorded run per script, with observation normalisation and reward scaling both off or both on."""
+    name, norm = request.param
+    script = script_named(name)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        record, env, args, original_act = run_recorded(
+            script, monkeypatch, tmp_path_factory.mktemp(name), update_epochs=1, gamma=0.9, gae_lambda=0.8,
+            norm_obs=norm, norm_reward=norm, init_log_std=1.0, **LOOP_OVERRIDES[name])
+    return script, record, env, args, original_act
+
+
+def rollout_of(loop, iteration):
+    """The iteration's T steps: act inputs and outputs, the env's outputs, and its compute_gae call."""
+    script, record, env, args, _ = loop
+    T = args.num_steps
+    steps = range(iteration * T, (iteration + 1) * T)
+    env_log = {name: torch.stack([getattr(env, name)[k] for k in steps])
+               for name in ("received", "rewards", "terminated", "truncated", "final_obs")}
+    return [record.acts[k] for k in steps], env_log, record.gae[iteration]
+
+
+def normalise(loop, x, k):
+    """x normalised as the loop must: with the statistics after the update of global step k (the obs it returned)."""
+    script, record, _, args, _ = loop
+    if not args.norm_obs:
+        return x
+    normaliser = script.module.ObsNormalizer((x.shape[-1],))
+    mean, var = record.obs_stats[1 + k]  # [0]: the reset observations
+    normaliser.mean.copy_(mean)
+    normaliser.var.copy_(var)
+    return normaliser(x)
+
+
+def bootstrap_inputs(script, act_inputs, act_outputs, n, final_obs):
+    """Inputs for acting on env n's final observation with the memory of its own episode: the recurrent state
+    after its last step, or the window of its last step moved on by one."""
+    if script.name == "ppo_recurrent":
+        return final_obs[None], act_outputs[3][n : n + 1], torch.zeros(1, dtype=torch.bool)
+    if script.name == "ppo_transformer":
+        windows, valid = act_inputs
+        window = torch.cat([windows[n, 1:], final_obs[None]])
+        return window[None], torch.cat([valid[n, 1:], torch.ones(1, dtype=torch.bool)])[None]
+    return (final_obs[None],)
+
+
+def reference_gae_inputs(loop, iteration):
+    """rewards, values, last_value, final_values, terminated, truncated as they must be, from what the env gave,
+    what the agent output, and the copy of the agent that acted (last_value is None for the run's last rollout)."""
+    script, record, env, args, original_act = loop
+    acts, env_log, (_, snapshot) = rollout_of(loop, iteration)
+    T, N = args.num_steps, args.num_envs
+    rewards = env_log["rewards"]
+    if args.norm_reward:
+        scaler = script.module.RewardScaler(N, args.gamma)
+        for i in range(iteration + 1):  # the running returns carry over from earlier rollouts
+            log = rollout_of(loop, i)[1]
+            rewards = scaler(log["rewards"], log["terminated"] | log["truncated"])
+    values = torch.stack([outputs[2] for _, outputs in acts])
+    final_values = torch.full((T, N), float("nan"))
+    with torch.inference_mode():
+        for t, n in env_log["truncated"].nonzero().tolist():
+            final_obs = normalise(loop, env_log["final_obs"][t, n], iteration * T + t)
+            inputs = bootstrap_inputs(script, *acts[t], n, final_obs)
+            final_values[t, n] = original_act(snapshot, *inputs)[2][0]
+        last_value = None
+        if (iteration + 1) * T < len(record.acts):  # V of what the next rollout's first step acts on, with its memory
+            last_value = original_act(snapshot, *record.acts[(iteration + 1) * T][0])[2]
+    return rewards, values, last_value, final_values, env_log["terminated"], env_log["truncated"]
+
+
+def match_rows(rows, reference):
+    """For each row, (distance to, index of) the nearest reference row (exact distances: no matmul trick)."""
+    return torch.cdist(rows, reference, compute_mode="donot_use_mm_for_euclid_dist").min(1)
+
+
+def iterations(loop):
+    return range(len(loop[1].gae))
+
+
+def test_loop_hands_gae_the_envs_flags_and_rewards_exactly(loop):
+    """Bugs: terminated and truncated swapped or merged, flags or rewards one step off, rewards scaled with the
+    wrong done mask, the wrong gamma or lambda."""
+    script, record, env, args, _ = loop
+    for iteration in iterations(loop):
+        (rewards, values, _, _, terminated, truncated, gamma, lam), _ = record.gae[iteration]
+        expected = reference_gae_inputs(loop, iteration)
+        assert torch.equal(terminated, expected[4]) and torch.equal(truncated, expected[5])
+        assert terminated[-1].any() and truncated[-1].any()  # episodes end on the rollout's last step too
+        torch.testing.assert_close(rewards, expected[0])
+        torch.testing.assert_close(values, expected[1])
+        assert (gamma, lam) == (args.gamma, args.gae_lambda)
+
+
+def test_truncated_steps_bootstrap_from_the_normalised_final_obs_with_their_own_episodes_memory(loop):
+    """Bugs: V(reset obs) or V(s_t) instead of V(final_obs); the final obs not normalised (or with other
+    statistics); the recurrent state before the last step instead of after it; a window that holds the next
+    episode's first observation instead of this episode's last steps."""
+    script, record, env, args, _ = loop
+    checked = 0
+    for iteration in iterations(loop):
+        (_, _, _, final_values, _, truncated, _, _), _ = record.gae[iteration]
+        expected = reference_gae_inputs(loop, iteration)[3]
+        torch.testing.assert_close(final_values[truncated], expected[truncated], atol=1e-5, rtol=1e-5)
+        checked += int(truncated.sum())
+    assert checked >= 3 * len(iterations(loop))
+
+
+def test_bootstrap_after_the_last_step_uses_the_next_steps_obs_and_memory(loop):
+    """Bugs: V(next_obs) from the un-normalised observation, from the state before the last step or an advanced
+    one, from a window without the carried steps (or with the next obs pushed twice)."""
+    script, record, env, args, _ = loop
+    for iteration in list(iterations(loop))[:-1]:
+        (_, _, last_value, *_), _ = record.gae[iteration]
+        torch.testing.assert_close(last_value, reference_gae_inputs(loop, iteration)[2], atol=1e-5, rtol=1e-5)
+
+
+def test_value_targets_in_the_update_equal_naive_gae_over_what_the_env_gave(loop):
+    """Bugs: a terminated step bootstrapped, returns shifted by a step or mixed across envs on the way to the
+    loss, advantages used as targets, or targets taken from another rollout."""
+    script, record, env, args, _ = loop
+    T, N = args.num_steps, args.num_envs
+    for iteration in iterations(loop):
+        rewards, values, last_value, final_values, terminated, truncated = reference_gae_inputs(loop, iteration)
+        if last_value is None:
+            last_value = record.gae[iteration][0][2]
+        final_values = torch.where(truncated, final_values, torch.zeros(()))
+        expected = naive_gae(rewards.double(), values.double(), last_value.double(), final_values.double(),
+                             terminated, truncated, args.gamma, args.gae_lambda) + values.double()
+        acted = torch.stack([script.acted_obs(inputs) for inputs, _ in rollout_of(loop, iteration)[0]]).flatten(0, 1)
+        rows = [script.loss_rows(inputs) for i, inputs in record.losses if i == iteration]
+        obs, returns = torch.cat([r["obs"] for r in rows]), torch.cat([r["returns"] for r in rows])
+        distance, match = match_rows(obs, acted)
+        assert distance.max() < 1e-5 and sorted(match.tolist()) == list(range(T * N))  # each step exactly once
+        torch.testing.assert_close(returns.double(), expected.flatten()[match], atol=1e-4, rtol=1e-4)
+
+
+def test_env_gets_the_clipped_action_and_the_update_scores_the_unclipped_sample(loop):
+    """Bugs (4, 3): storing the clipped action (biased log-probs), scoring another action than was sampled, or
+    obs/action/log-prob rows that do not belong together."""
+    script, record, env, args, _ = loop
+    for iteration in iterations(loop):
+        acts, env_log, _ = rollout_of(loop, iteration)
+        sampled = torch.stack([outputs[0] for _, outputs in acts])
+        assert (sampled.abs() > 0.5).any()  # std e^1: samples beyond the bounds
+        torch.testing.assert_close(env_log["received"], sampled.clamp(-0.5, 0.5))
+        acted = torch.stack([script.acted_obs(inputs) for inputs, _ in acts]).flatten(0, 1)
+        logprobs = torch.stack([outputs[1] for _, outputs in acts]).flatten()
+        for i, inputs in record.losses:
+            if i == iteration:
+                rows = script.loss_rows(inputs)
+                distance, match = match_rows(rows["obs"], acted)
+                assert distance.max() < 1e-5
+                torch.testing.assert_close(rows["actions"], sampled.flatten(0, 1)[match])
+                torch.testing.assert_close(rows["logprobs"], logprobs[match])
+
+
+# ---------------------------------------------------------------- 4, 8: the policy's distribution
+def test_tanh_log_prob_includes_the_change_of_variables(script):
+    """Bug: a tanh-squashed policy scored without the log-det term (or with an unstable one that overflows)."""
+    agent = script.make_agent(obs_dim=3, act_dim=2, low=-2.0, high=1.0, transform="tanh", init_log_std=-0.3)
+    obs = torch.randn(64, 3)
+    with torch.no_grad():
+        mean = script.mean(agent, obs)
+        dist = Normal(mean, agent.actor_logstd.exp().expand_as(mean))
+        u = dist.sample() * 2
+        low, high = agent.action_low, agent.action_high
+        reference = TransformedDistribution(dist, [TanhTransform(), AffineTransform((high + low) / 2, (high - low) / 2)])
+        logprob, _, _ = script.evaluate(agent, obs, u)
+        torch.testing.assert_close(logprob, reference.log_prob(agent.env_action(u)).sum(-1), atol=1e-4, rtol=1e-4)
+        actions, act_logprob, _ = script.act(agent, obs)
+        torch.testing.assert_close(act_logprob, script.evaluate(agent, obs, actions)[0])
+        saturated, _, _ = script.evaluate(agent, obs, torch.full((64, 2), 40.0))
+    assert torch.isfinite(saturated).all()
+
+
+def test_clip_mode_scores_the_unclipped_gaussian_sample(script):
+    """Bug: scoring clip(u) (a point mass at the bounds) instead of the Gaussian sample u."""
+    agent = script.make_agent(obs_dim=3, act_dim=1, transform="clip")
+    obs = torch.zeros(1, 3)
+    with torch.no_grad():
+        mean = script.mean(agent, obs)
+        u = torch.tensor([[3.0]])
+        expected = Normal(mean, agent.actor_logstd.exp()).log_prob(u).sum(-1)
+        torch.testing.assert_close(script.evaluate(agent, obs, u)[0], expected)
+    assert agent.env_action(u).item() == 1.0
+
+
+@pytest.mark.parametrize("log_std", [-8.0, 5.0])
+def test_sampling_log_prob_and_entropy_use_exp_log_std_unclamped(script, log_std):
+    """Bug: a clamp (or softplus) on log-std in acting or in the loss, which silently stops exploration from
+    shrinking or growing; or a slip in the closed-form Gaussian (a missing 1/2, log-std used as std)."""
+    agent = script.make_agent(obs_dim=3, act_dim=2, low=-1e6, high=1e6, transform="clip")
+    agent.actor_logstd.data = torch.tensor([[log_std, log_std + 0.5]])
+    obs = torch.randn(4, 3).repeat_interleave(2000, 0)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        mean = script.mean(agent, obs)
+        reference = Normal(mean, torch.exp(agent.actor_logstd).expand_as(mean))
+        actions, logprobs, values = script.act(agent, obs)
+        new_logprobs, entropy, _ = script.evaluate(agent, obs, actions)
+        _, stats = script.loss(agent, obs, actions, logprobs, torch.randn(len(obs)), values, values,
+                               script.module.Args(ent_coef=0.0, vf_coef=0.5))
+    noise = (actions - mean) / reference.stddev
+    assert noise.mean(0).abs().max() < 0.05 and (noise.std(0) - 1).abs().max() < 0.05
+    torch.testing.assert_close(logprobs, reference.log_prob(actions).sum(-1))
+    torch.testing.assert_close(new_logprobs, reference.log_prob(actions).sum(-1))
+    torch.testing.assert_close(entropy, reference.entropy().sum(-1))
+    assert stats["entropy"].item() == pytest.approx(reference.entropy().sum(-1).mean().item(), rel=1e-5)
+
+
+def test_entropy_bonus_rewards_entropy(script):
+    """Bug: `+ ent_coef * H` in the loss, which drives the policy to collapse."""
+    agent = script.make_agent(obs_dim=4, act_dim=2)
+    obs = torch.randn(32, 4)
+    with torch.no_grad():
+        actions, logprobs, values = script.act(agent, obs)
+    args = script.module.Args(ent_coef=1.0, vf_coef=0.0, norm_adv=False)
+    loss, _ = script.loss(agent, obs, actions, logprobs, torch.zeros(32), values, values, args)
+    loss.backward()
+    assert (agent.actor_logstd.grad < 0).all()  # gradient descent raises log-std
+
+
+# ---------------------------------------------------------------- 6: the loss
+def test_advantages_are_normalised_and_returns_are_not(script):
+    """Bug: normalising value targets (the critic learns the wrong scale) or not normalising advantages."""
+    agent = script.make_agent(obs_dim=4, act_dim=2)
+    g = torch.Generator().manual_seed(0)
+    obs, advantages = torch.randn(32, 4, generator=g), torch.randn(32, generator=g)
+    with torch.no_grad():
+        actions, logprobs, values = script.act(agent, obs)
+    args = script.module.Args(clip_vloss=False, ent_coef=0.0, vf_coef=0.5)
+    returns = torch.full_like(values, 100.0)
+    old_logprobs = logprobs + 0.1 * advantages
+    _, stats = script.loss(agent, obs, actions, old_logprobs, advantages, returns, values, args)
+    _, scaled = script.loss(agent, obs, actions, old_logprobs, 10 * advantages + 3, returns, values, args)
+    assert stats["policy_loss"].item() == pytest.approx(scaled["policy_loss"].item(), rel=1e-5)
+    assert stats["value_loss"].item() == pytest.approx(0.5 * (values - 100.0).square().mean().item(), rel=1e-6)
+
+
+# ---------------------------------------------------------------- 7, 9: schedule and clipping
+def test_learning_rate_anneals_once_per_iteration(script, in_tmp):
+    """Bug: annealing per minibatch or epoch, which reaches zero long before the end."""
+    args = script.args(learning_rate=1e-3, anneal_lr=True, adaptive_kl=0.0)
+    args.total_timesteps = 4 * args.num_envs * args.num_steps
+    logged = [h["charts/learning_rate"] for h in script.module.train(args)["history"]]
+    assert logged == pytest.approx([1e-3 * (1 - i / 4) for i in range(4)])
+
+
+@pytest.mark.parametrize("desired_kl,bound", [(1e-12, 1e-5), (1e3, 1e-2)])
+def test_adaptive_kl_moves_the_rate_every_minibatch_within_its_bounds(script, in_tmp, desired_kl, bound):
+    """Bugs: the adaptive rate stepped once per iteration instead of per minibatch, moving only one way, or
+    escaping rsl_rl's bounds [1e-5, 1e-2]."""
+    args = script.args(learning_rate=1e-3, adaptive_kl=desired_kl, num_minibatches=4, update_epochs=2)
+    args.total_timesteps = 4 * args.num_envs * args.num_steps
+    logged = [h["charts/learning_rate"] for h in script.module.train(args)["history"]]
+    # 8 minibatch steps per iteration: the first iteration alone moves the rate by more than one factor of 1.5
+    if bound < 1e-3:
+        assert logged[0] < 1e-3 / 1.5**2
+        assert min(logged) == pytest.approx(bound) and all(lr >= bound * (1 - 1e-9) for lr in logged)
+    else:
+        assert logged[0] > 1e-3 * 1.5**2
+        assert max(logged) == pytest.approx(bound) and all(lr <= bound * (1 + 1e-9) for lr in logged)
+
+
+def test_gradient_clipping_covers_every_parameter(script, in_tmp, monkeypatch):
+    """Bug: clipping only some parameters (the actor, the heads but not a recurrent or attention trunk, or not
+    log-std), so the rest's gradients blow up the step."""
+    seen = []
+    original_step = torch.optim.Adam.step
+
+    def recording_step(self, *a, **kw):
+        seen.append({id(p): p.grad.norm().item() for group in self.param_groups for p in group["params"]
+                     if p.grad is not None})
+        return original_step(self, *a, **kw)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
+    history = script.module.train(script.args(max_grad_norm=0.01, norm_reward=False))["history"]
+    assert history[0]["losses/grad_norm_total"] > 0.1  # clipping was needed
+    assert all(math.sqrt(sum(n * n for n in norms.values())) <= 0.01 * (1 + 1e-4) for norms in seen)
+
+
+# ---------------------------------------------------------------- 10, 13: normalisers, checkpoints, evaluation
+@pytest.fixture(scope="module", params=SCRIPTS)
+def trained(request, tmp_path_factory):
+    """A finished tiny run per script: (script, args, summary)."""
+    script = script_named(request.param)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.chdir(tmp_path_factory.mktemp(request.param))
+        args = script.args()
+        summary = script.module.train(args)
+        for key in ("run_dir", "checkpoint"):
+            summary[key] = os.path.abspath(summary[key])
+    return script, args, summary
+
+
+def test_normaliser_updates_only_from_rollout_data_and_is_saved(trained):
+    """Bugs: statistics updated from final_obs, the bootstrap or the update's minibatches; or not saved."""
+    script, args, summary = trained
+    checkpoint = torch.load(summary["checkpoint"], weights_only=True)
+    # The reset observation plus one per env and step: nothing else counted.
+    expected_count = 1e-4 + args.num_envs * (1 + summary["global_step"] // args.num_envs)
+    assert checkpoint["obs_normalizer"]["count"].item() == pytest.approx(expected_count)
+    assert checkpoint["obs_normalizer"]["var"].min() > 0 and checkpoint["obs_normalizer"]["mean"].abs().sum() > 0
+    assert checkpoint["reward_scaler"]["return_rms.count"].item() == pytest.approx(1e-4 + summary["global_step"])
+
+
+def test_evaluation_freezes_the_normaliser_and_never_samples(trained, monkeypatch):
+    """Bugs: evaluation updating the observation statistics, or acting with sampled instead of mean actions
+    (seeded or not)."""
+    script, _, summary = trained
+
+    def no_sampling(*args, **kwargs):
+        raise AssertionError("evaluation sampled an action")
+
+    results = []
+    for seed in (1, 2):  # a different global RNG state: a sampling evaluation would play differently
+        torch.manual_seed(seed)
+        with monkeypatch.context() as patch:  # what acting samples with (building the agent may draw: allowed)
+            for name in ("randn_like", "normal"):
+                patch.setattr(torch, name, no_sampling)
+            patch.setattr(torch.distributions.Normal, "sample", no_sampling)
+            patch.setattr(torch.distributions.Normal, "rsample", no_sampling)
+            patch.setattr(script.module.RunningMeanStd, "update", lambda *a: pytest.fail("normaliser updated"))
+            results.append(script.module.evaluate(summary["checkpoint"], episodes=3, device="cpu"))
+    assert results[0] == results[1] and np.isfinite(results[0]["mean_return"])
+
+
+def test_checkpoint_restores_every_piece_of_training_state(trained):
+    """Bug: a checkpoint with a key present but empty, stale or None (model, optimiser moments, normalisers,
+    step counters, RNG, the policy's memory), which key-presence checks would pass."""
+    script, args, summary = trained
+    checkpoint = torch.load(summary["checkpoint"], weights_only=True)
+    assert checkpoint["global_step"] == summary["global_step"] == args.total_timesteps
+    assert checkpoint["iteration"] == summary["iteration"] == args.total_timesteps // (args.num_envs * args.num_steps)
+    assert checkpoint["args"]["env_id"] == args.env_id and checkpoint["args"]["seed"] == args.seed
+    module = script.module
+    saved_args = module.resolve_args(module.args_from_checkpoint(checkpoint))
+    agent, _ = module.build_agent(saved_args, module.make_env(saved_args, 1, 0, torch.device("cpu")), "cpu")
+    agent.load_state_dict(checkpoint["model"])  # strict: every tensor of the trained network, nothing else
+    assert all(torch.isfinite(p).all() for p in agent.parameters())
+    optimizer = checkpoint["optimizer"]
+    assert len(optimizer["state"]) == len(list(agent.parameters()))  # Adam's moments for every parameter
+    assert all(s["exp_avg_sq"].abs().sum() > 0 for s in optimizer["state"].values())
+    assert checkpoint["rng"]["torch"].dtype == torch.uint8 and checkpoint["rng"]["torch"].numel() > 0
+    assert checkpoint["rng"]["numpy"].numel() == 624
+    assert checkpoint["obs_normalizer"]["count"].item() > 1
+    assert checkpoint["reward_scaler"]["returns"].shape == (args.num_envs,)
+    assert checkpoint["env"] is not None and checkpoint["next_obs_raw"].shape[0] == args.num_envs
+    for key in script.memory_keys:
+        memory = checkpoint[key]
+        tensors = memory.values() if isinstance(memory, dict) else [memory]
+        assert all(t.shape[0] == args.num_envs for t in tensors)
+        assert any(t.abs().sum() > 0 for t in tensors if t.is_floating_point())  # the carried memory, not zeros
+    assert not any(name.endswith(".tmp") for name in os.listdir(summary["run_dir"]))
+
+
+# ---------------------------------------------------------------- 5, 13: what the update sees, seeds, resume
+def test_first_minibatch_has_ratio_one_and_zero_kl_with_normalisers_on(script, in_tmp):
+    """Bug: the update sees different observations (re-normalised with newer statistics), memory or actions
+    than the rollout acted on."""
+    summary = script.module.train(script.args(norm_obs=True, norm_reward=True, init_log_std=0.5))
+    for h in summary["history"]:
+        assert h["debug/first_minibatch_ratio_max_dev"] < 1e-4
+        assert abs(h["debug/first_minibatch_approx_kl"]) < 1e-6
+        assert h["losses/approx_kl"] > 0  # later minibatches did move the policy
+
+
+def test_same_seed_gives_identical_metrics_and_another_seed_does_not(script, in_tmp):
+    """Bug: unseeded sampling, permutation, initial state or env somewhere in the loop."""
+    first = script.module.train(script.args(seed=3))["history"]
+    second = script.module.train(script.args(seed=3))["history"]
+    other = script.module.train(script.args(seed=4))["history"]
+    assert metrics_without_timing(first) == metrics_without_timing(second)
+    assert metrics_without_timing(first) != metrics_without_timing(other)
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(script, in_tmp):
+    """Bug: resuming resets the step counter, optimiser, normalisers, RNG, envs or the policy's memory."""
+    args = script.args(checkpoint_interval=2)
+    args.total_timesteps = 4 * args.num_envs * args.num_steps
+    straight = script.module.train(args)
+    midpoint = os.path.join(straight["run_dir"], "checkpoint_000002.pt")
+    resumed = script.module.train(script.module.Args(resume=midpoint, progress_bar=False))
+    assert resumed["run_dir"] == straight["run_dir"] and resumed["global_step"] == straight["global_step"]
+    assert [h["iteration"] for h in resumed["history"]] == [3, 4]
+    assert metrics_without_timing(resumed["history"]) == metrics_without_timing(straight["history"][2:])
+
+
+# ---------------------------------------------------------------- the running statistics (a copy per script)
+def test_running_statistics_merged_batch_by_batch_equal_those_of_all_data_at_once(script):
+    """Bugs: a wrong merge formula (a missing between-batch term, count-weighted the wrong way), a count that
+    stops tracking the data, or a host copy of the count that a loaded state dict does not refresh."""
+    module = script.module
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randn(n, 3, generator=generator) * 3 + 5 for n in (1, 7, 1, 30, 2)]
+    stats = module.RunningMeanStd((3,), epsilon=1e-4)
+    for batch in batches:
+        stats.update(batch)
+    # The prior is epsilon observations of mean 0 and variance 1.
+    data = torch.cat(batches).double()
+    count = 1e-4 + len(data)
+    mean = data.sum(0) / count
+    var = ((data - mean).square().sum(0) + 1e-4 * (1 + mean.square())) / count
+    torch.testing.assert_close(stats.mean, mean)
+    torch.testing.assert_close(stats.var, var)
+    assert stats.count.item() == pytest.approx(count)
+    restored = module.ObsNormalizer((3,))
+    # Nested, as in a checkpoint of a larger module: the hook must run for submodules too.
+    torch.nn.ModuleDict({"norm": restored}).load_state_dict(torch.nn.ModuleDict({"norm": stats}).state_dict())
+    assert restored.host_count == pytest.approx(count)
+    restored.update(batches[0]), stats.update(batches[0])
+    torch.testing.assert_close(restored.var, stats.var)
+
+
+def test_reward_scaling_of_a_whole_rollout_equals_scaling_step_by_step(script):
+    """Bugs: the discounted return restarting one step early or late around an episode's end, the return not
+    carried into the next rollout, or statistics merged in the wrong order (each step must be scaled by the
+    statistics that include it and nothing later)."""
+    module = script.module
+    gamma, num_envs, num_steps = 0.9, 3, 12
+    generator = torch.Generator().manual_seed(1)
+
+    def step_by_step(stats, running, rewards, dones):
+        scaled = []
+        for reward, done in zip(rewards, dones):
+            running = gamma * running + reward.double()
+            stats.update(running)
+            running = running.masked_fill(done, 0.0)
+            scaled.append(reward / torch.sqrt(stats.var + 1e-8))
+        return torch.stack(scaled).float(), running
+
+    scaler = module.RewardScaler(num_envs, gamma)
+    reference_stats, reference_running = module.RunningMeanStd(), torch.zeros(num_envs, dtype=torch.float64)
+    for rollout in range(3):
+        rewards = torch.randn(num_steps, num_envs, generator=generator) * 5 - 3
+        dones = torch.rand(num_steps, num_envs, generator=generator) < 0.2
+        dones[-1, rollout % num_envs] = True  # an episode that ends on the rollout's last step
+        expected, reference_running = step_by_step(reference_stats, reference_running, rewards, dones)
+        torch.testing.assert_close(scaler(rewards, dones), expected)
+        torch.testing.assert_close(scaler.returns, reference_running)
+        torch.testing.assert_close(scaler.return_rms.var, reference_stats.var)
+        torch.testing.assert_close(scaler.return_rms.mean, reference_stats.mean)
+        assert scaler.return_rms.count.item() == pytest.approx(reference_stats.count.item())
