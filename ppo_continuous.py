@@ -10,13 +10,16 @@ Documented in README.md, section "ppo_continuous.py". Defaults that are None com
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import random
 import signal
+import sys
 import threading
 import time
+import traceback
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
@@ -118,22 +121,22 @@ class Args:
     """torch's CPU threads (None: preset; 0: torch's default)"""
 
     checkpoint_interval: int = 50
-    """iterations between checkpoints (one is always written at the end and on Ctrl-C)"""
+    """iterations between checkpoints (one is always written at the end, on Ctrl-C and on SIGTERM)"""
     resume: str | None = None
     """checkpoint file or run directory to continue (same run directory, step counter and curves)"""
     eval_checkpoint: str | None = None
     """evaluate this checkpoint instead of training"""
     eval_episodes: int = 10
-    """episodes to evaluate (each env contributes the same number of episodes)"""
+    """episodes to evaluate, spread evenly over the envs (each env's first episodes count, so short ones are not favoured)"""
     env_kwargs: dict[str, int | float | bool | str] | None = None
     """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4"""
 
-    # filled in at runtime
-    batch_size: int = 0
+    # computed from the flags at run time (not flags themselves)
+    batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps"""
-    minibatch_size: int = 0
+    minibatch_size: tyro.conf.Suppress[int] = 0
     """batch_size // num_minibatches"""
-    num_iterations: int = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // batch_size"""
 
 
@@ -164,6 +167,10 @@ PRESETS = {
 PRESETS["PendulumNoVel-v1"] = {**PRESETS["Pendulum-v1"], "total_timesteps": 300_000, "init_log_std": -0.5}
 
 
+class UsageError(ValueError):
+    """Bad input (a flag, a checkpoint, the run directory): reported as one line naming the flag and the fix."""
+
+
 def resolve_args(args: Args) -> Args:
     """Fills None fields from the presets, derives batch sizes and checks the flags."""
     family = "genesis" if args.env_id in envs.GENESIS_IDS else "gymnasium"
@@ -175,31 +182,51 @@ def resolve_args(args: Args) -> Args:
         args.anneal_lr = False
     if args.cuda:
         args.policy_device = args.sim_device = "cuda"
-    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    check_flags(args, at_least_one=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"))
     args.batch_size = args.num_envs * args.num_steps
     if args.batch_size % args.num_minibatches:
-        raise ValueError(
+        raise UsageError(
             f"the batch (--num-envs {args.num_envs} x --num-steps {args.num_steps} = {args.batch_size}) does not "
             f"divide into --num-minibatches {args.num_minibatches}; choose a divisor of {args.batch_size}"
         )
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations < 1:
-        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
-    if args.checkpoint_interval < 1:
-        raise ValueError("--checkpoint-interval must be at least 1")
-    if args.torch_threads < 0:
-        raise ValueError(f"--torch-threads must be 0 (torch's default) or more, got {args.torch_threads}")
+        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
     return args
+
+
+def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
+    """Rejects out-of-range flags before anything is written."""
+    rules = [(name, getattr(args, name) >= 1, "at least 1") for name in at_least_one] + [
+        ("seed", args.seed >= 0, "0 or more"),
+        ("learning_rate", args.learning_rate > 0, "positive"),
+        ("gamma", 0 <= args.gamma <= 1, "in [0, 1]"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
+        ("clip_coef", args.clip_coef > 0, "positive"),
+        ("ent_coef", args.ent_coef >= 0, "0 or more"),
+        ("vf_coef", args.vf_coef >= 0, "0 or more"),
+        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
+        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (leave it out to never stop early)"),
+        ("adaptive_kl", args.adaptive_kl >= 0, "0 (off) or positive"),
+        ("init_log_std", math.isfinite(args.init_log_std), "a finite number"),
+        ("hidden_sizes", all(width >= 1 for width in args.hidden_sizes), "widths of at least 1"),
+        ("checkpoint_interval", args.checkpoint_interval >= 1, "at least 1"),
+        ("video_interval", args.video_interval >= 1, "at least 1"),
+        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
+        ("exp_name", bool(args.exp_name) and "/" not in args.exp_name, "a name without '/' (it names the run directory)"),
+        ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
+    ]
+    for name, ok, requirement in rules:
+        if not ok:
+            raise UsageError(f"--{name.replace('_', '-')} must be {requirement}, got {getattr(args, name)!r}")
 
 
 def pick_device(name: str, flag: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{flag} cuda (or --cuda) was given but torch sees no CUDA GPU; use {flag} cpu")
+        raise UsageError(f"{flag} cuda (or --cuda) was given but torch sees no CUDA GPU; use {flag} cpu")
     return torch.device(name)
 
 
@@ -407,8 +434,38 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
     return norms
 
 
-def run_name_of(args: Args) -> str:
-    return f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+CHECKPOINT_KIND = "ppo_continuous"  # written into every checkpoint: another script's checkpoint is refused clearly
+
+
+class EnvStepError(RuntimeError):
+    """The env raised inside `step`: the run stops with its last completed iteration saved."""
+
+
+def create_run_dir(args: Args) -> str:
+    """runs/{env_id}__{exp_name}__{seed}__{unix_time}, created atomically: a run started in the same second
+    (a job array, a sweep) gets the next free suffix (_1, _2, ...) instead of sharing a directory."""
+    base = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    if os.path.exists("runs") and not os.path.isdir("runs"):
+        raise UsageError(f"{os.path.abspath('runs')} is a file, not a directory: move it, or run from another directory")
+    try:
+        os.makedirs("runs", exist_ok=True)
+        for attempt in range(10_000):
+            path = base if attempt == 0 else f"{base}_{attempt}"
+            try:
+                os.mkdir(path)
+                return path
+            except FileExistsError:
+                continue
+    except OSError as error:
+        raise UsageError(f"cannot create a run directory in {os.path.abspath('runs')} ({error.strerror}): run from a "
+                         "directory where runs/ can be written") from None
+    raise UsageError(f"{base}: 10,000 runs of this name started in the same second; vary --exp-name")
+
+
+def run_dir_of(checkpoint_path: str) -> str:
+    """A resumed run continues in the directory that holds its checkpoint (wherever the run was moved)."""
+    path = os.path.normpath(checkpoint_path)
+    return path if os.path.isdir(path) else (os.path.dirname(path) or ".")
 
 
 def save_checkpoint(run_dir: str, state: dict) -> str:
@@ -427,12 +484,25 @@ def save_checkpoint(run_dir: str, state: dict) -> str:
     return path
 
 
-def load_checkpoint(path: str) -> dict:
+def load_checkpoint(path: str, flag: str) -> dict:
+    """The checkpoint at `path` (a checkpoint file or a run directory), or a UsageError naming `flag`."""
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pt")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path!r}; pass a checkpoint.pt or a run directory from runs/")
-    return torch.load(path, map_location="cpu", weights_only=True)
+        raise UsageError(f"{flag} {path}: no checkpoint there; pass a checkpoint.pt or a run directory from runs/")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated, not a torch file, or pickled code that weights_only refuses
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise UsageError(f"{flag} {path}: not a readable checkpoint ({reason}); pass a checkpoint written by "
+                         f"{CHECKPOINT_KIND}.py, e.g. the run's checkpoint.pt or an earlier checkpoint_*.pt") from None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("args"), dict):
+        raise UsageError(f"{flag} {path}: not a checkpoint of these scripts; pass a checkpoint.pt from runs/")
+    written_by = checkpoint.get("script", CHECKPOINT_KIND)  # checkpoints from before it was recorded: trusted
+    if written_by != CHECKPOINT_KIND:
+        raise UsageError(f"{flag} {path}: written by {written_by}.py, not {CHECKPOINT_KIND}.py; run {written_by}.py "
+                         f"{flag} {path} instead")
+    return checkpoint
 
 
 def args_from_checkpoint(checkpoint: dict) -> Args:
@@ -450,14 +520,18 @@ def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render:
         kwargs["vectorization_mode"] = args.vectorization_mode
     if render:
         kwargs["render_mode"] = "rgb_array"
-    return envs.make(args.env_id, num_envs=num_envs, seed=seed, device=device, **kwargs)
+    try:
+        return envs.make(args.env_id, num_envs=num_envs, seed=seed, device=device, **kwargs)
+    except ValueError as error:  # an unknown id, or an option the task does not have or rejects
+        flag = "--env-kwargs" if args.env_kwargs and not isinstance(error, envs.UnknownTaskError) else "--env-id"
+        raise UsageError(f"{flag}: {error}") from None
 
 
 def build_agent(args: Args, vec, device: torch.device) -> tuple[Agent, ObsNormalizer]:
     obs_dim = vec.single_observation_space.shape[0]
     space = vec.single_action_space
     if args.action_transform == "tanh" and not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-        raise ValueError(f"--action-transform tanh needs finite action bounds; {args.env_id} has {space}")
+        raise UsageError(f"--action-transform tanh needs finite action bounds; {args.env_id} has {space}")
     agent = Agent(
         obs_dim, space.shape[0], args.hidden_sizes, args.activation, args.init_log_std,
         space.low, space.high, args.action_transform,
@@ -477,8 +551,8 @@ def train(args: Args) -> dict:
     per-iteration metrics (`history`)."""
     checkpoint = None
     if args.resume:
-        checkpoint = load_checkpoint(args.resume)
         resume_from = args.resume
+        checkpoint = load_checkpoint(resume_from, "--resume")
         args = args_from_checkpoint(checkpoint)
         args.resume = resume_from
     args = resolve_args(args)
@@ -488,12 +562,6 @@ def train(args: Args) -> dict:
     seed_everything(args.seed, args.torch_deterministic)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-
-    if checkpoint is not None:
-        run_dir = checkpoint["run_dir"]
-    else:
-        run_dir = os.path.join("runs", run_name_of(args))
-    os.makedirs(run_dir, exist_ok=True)
 
     vec = make_env(args, args.num_envs, args.seed, policy_device, render=args.capture_video)
     agent, obs_norm = build_agent(args, vec, policy_device)
@@ -521,20 +589,30 @@ def train(args: Args) -> dict:
     elif args.norm_obs:
         obs_norm.update(next_obs_raw)
 
-    writer = SummaryWriter(run_dir)
+    try:  # only now, with the flags, the checkpoint and the env accepted: a rejected run leaves nothing behind
+        run_dir = run_dir_of(args.resume) if checkpoint is not None else create_run_dir(args)
+    except UsageError:
+        vec.close()
+        raise
+    if args.track:  # before the SummaryWriter: W&B mirrors only the writers created after wandb.init
+        import wandb
+
+        # W&B's own files go to ./wandb (or $WANDB_DIR), outside runs/: it copies the event files it mirrors, and
+        # copies inside the TensorBoard log directory would be mirrored (and shown by TensorBoard) again.
+        run_name = os.path.basename(os.path.abspath(run_dir))
+        wandb.tensorboard.patch(root_logdir=run_dir)  # sync_tensorboard with the log directory given, not guessed
+        wandb.init(
+            project=args.wandb_project_name, entity=args.wandb_entity, group=args.wandb_group,
+            config=asdict(args), name=run_name, resume="allow", id=run_name,
+        )
+    # A resumed run drops what was logged after its checkpoint, so no step is logged twice or goes backwards.
+    writer = SummaryWriter(run_dir, purge_step=global_step + 1 if checkpoint is not None else None)
     if checkpoint is None:
         table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-        with open(os.path.join(run_dir, "args.json"), "w") as f:
+        with open(os.path.join(run_dir, "args.json.tmp"), "w") as f:
             json.dump(asdict(args), f, indent=2)
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name, entity=args.wandb_entity, group=args.wandb_group,
-            sync_tensorboard=True, config=asdict(args),
-            name=os.path.basename(run_dir), dir=run_dir, resume="allow", id=os.path.basename(run_dir).replace("/", "_"),
-        )
+        os.replace(os.path.join(run_dir, "args.json.tmp"), os.path.join(run_dir, "args.json"))
 
     T, N = args.num_steps, args.num_envs
     obs_dim, act_dim = vec.single_observation_space.shape[0], vec.single_action_space.shape[0]
@@ -547,14 +625,16 @@ def train(args: Args) -> dict:
     recent_returns: list[float] = []
     history: list[dict] = []
 
-    stop_requested = False
+    stop_signal = None  # SIGINT (Ctrl-C) or SIGTERM (Slurm, Kubernetes, `timeout`): finish the iteration, save, exit
 
     def request_stop(signum, frame):
-        nonlocal stop_requested
-        if stop_requested:
-            raise KeyboardInterrupt
-        stop_requested = True
-        print("\nCtrl-C: finishing this iteration, then saving a checkpoint (press again to abort)", flush=True)
+        nonlocal stop_signal
+        if stop_signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C aborts
+        if stop_signal is None:
+            print(f"\n{signal.Signals(signum).name}: finishing this iteration, then saving a checkpoint (Ctrl-C again "
+                  "aborts)", flush=True)
+            stop_signal = signum
 
     def checkpoint_state(iteration: int) -> dict:
         try:
@@ -563,7 +643,7 @@ def train(args: Args) -> dict:
             env_state = None
         np_state = np.random.get_state()
         return {
-            "args": asdict(args), "run_dir": run_dir, "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+            "script": CHECKPOINT_KIND, "args": asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
             "obs_normalizer": obs_norm.state_dict(), "reward_scaler": reward_scaler.state_dict(),
             "global_step": global_step, "iteration": iteration, "env": env_state, "next_obs_raw": next_obs_raw.cpu(),
             "rng": {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(np_state[1].copy()),
@@ -571,7 +651,7 @@ def train(args: Args) -> dict:
         }
 
     in_main_thread = threading.current_thread() is threading.main_thread()  # signals can only be set there
-    previous_handler = signal.signal(signal.SIGINT, request_stop) if in_main_thread else None
+    previous_handlers = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)} if in_main_thread else {}
     progress = None
     if args.progress_bar:
         from tqdm import tqdm
@@ -582,6 +662,8 @@ def train(args: Args) -> dict:
     next_obs = obs_norm(next_obs_raw) if args.norm_obs else next_obs_raw
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
+            # What the last completed iteration left: saved instead if the env fails during this rollout.
+            last_completed = copy.deepcopy(checkpoint_state(iteration - 1))
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
             if args.capture_video and (iteration - 1) % args.video_interval == 0:
@@ -594,7 +676,12 @@ def train(args: Args) -> dict:
                     obs_buf[step] = next_obs
                     action, logprob, value = act(next_obs)
                     actions_buf[step], logprobs_buf[step], values_buf[step] = action, logprob, value
-                    next_obs_raw, reward, terminated, truncated, info = vec.step(agent.env_action(action))
+                    try:
+                        next_obs_raw, reward, terminated, truncated, info = vec.step(agent.env_action(action))
+                    except Exception as error:
+                        message = (str(error).strip().splitlines() or [""])[0][:200]
+                        raise EnvStepError(f"{args.env_id} raised {type(error).__name__} ({message}) in step at global "
+                                           f"step {global_step + step * N}, iteration {iteration}") from error
                     done = terminated | truncated
                     if args.norm_obs:
                         obs_norm.update(next_obs_raw)
@@ -616,6 +703,8 @@ def train(args: Args) -> dict:
                         path = os.path.join(run_dir, "videos", f"train_{global_step + (step + 1) * N}.mp4")
                         if recorder.step(vec, done, path):
                             print(f"saved {path}")
+                            if args.track:
+                                wandb.log({"videos/train": wandb.Video(path, format="mp4")})
 
                 last_value = agent.get_value(next_obs)
                 final_values = agent.get_value(final_obs_buf.flatten(0, 1)).view(T, N)
@@ -721,21 +810,26 @@ def train(args: Args) -> dict:
                 if "charts/success_rate" in metrics:
                     postfix["success"] = f"{metrics['charts/success_rate']:.2f}"
                 progress.set_postfix(postfix)
-            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stop_requested:
+            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stop_signal:
                 save_checkpoint(run_dir, checkpoint_state(iteration))
-            if stop_requested:
+            if stop_signal:
                 break
+    except EnvStepError as error:
+        path = save_checkpoint(run_dir, last_completed)
+        with open(os.path.join(run_dir, "error.txt"), "w") as f:
+            traceback.print_exception(error.__cause__, file=f)
+        raise EnvStepError(f"{error}; its traceback is in {os.path.join(run_dir, 'error.txt')}; the last completed "
+                           f"iteration ({last_completed['iteration']}) is saved: fix the env, then --resume {path}") from None
     finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGINT, previous_handler)
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
         if progress is not None:
             progress.close()
         writer.close()
         vec.close()
         if args.track:
-            import wandb
-
             wandb.finish()
+            wandb.tensorboard.unpatch()  # a later run in this process (a sweep, a notebook) patches it anew
     return {
         "run_dir": run_dir,
         "checkpoint": os.path.join(run_dir, "checkpoint.pt"),
@@ -743,6 +837,7 @@ def train(args: Args) -> dict:
         "iteration": iteration,
         "mean_recent_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
         "history": history,
+        "stopped_by": stop_signal,  # the signal that stopped the run early, or None
     }
 
 
@@ -753,16 +848,19 @@ def evaluate(
 ) -> dict:
     """Runs `episodes` deterministic (mean-action) episodes with the checkpoint's frozen normaliser.
 
-    Each env plays the same number of episodes, so short episodes are not over-counted. Genesis tasks start
-    every episode fresh (no staggering); the targets are new draws from a seed the training never used.
+    The episodes are spread evenly over the envs and each env's first ones count, so short episodes are not
+    over-counted. Genesis tasks start every episode fresh (no staggering); the targets are new draws from a seed
+    the training never used.
     """
-    checkpoint = load_checkpoint(checkpoint_path)
+    if episodes < 1:
+        raise UsageError(f"--eval-episodes must be at least 1, got {episodes}")
+    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
     args = args_from_checkpoint(checkpoint)
     args.sim_device = sim_device
     policy_device = pick_device(device, "--policy-device")
     genesis = args.env_id in envs.GENESIS_IDS
     num_envs = min(episodes, 1024 if genesis else 16)
-    per_env = math.ceil(episodes / num_envs)
+    quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
     overrides = {"stagger_episodes": False} if genesis else {}
     vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, **overrides)
     agent, obs_norm = build_agent(args, vec, policy_device)
@@ -772,14 +870,14 @@ def evaluate(
     returns = [[] for _ in range(num_envs)]
     successes = [[] for _ in range(num_envs)]
     frames = [] if capture_video else None
-    while min(len(r) for r in returns) < per_env:
+    while any(len(r) < q for r, q in zip(returns, quota)):
         action = agent.mean_action(obs_norm(obs) if args.norm_obs else obs)
         obs, _, _, _, info = vec.step(action)
         if frames is not None and len(returns[0]) == 0:
             frames.append(vec.render())
         episode = info["episode"]
         for i in episode["mask"].nonzero().flatten().tolist():
-            if len(returns[i]) < per_env:
+            if len(returns[i]) < quota[i]:
                 returns[i].append(float(episode["r"][i]))
                 if genesis:
                     successes[i].append(bool(info["success"][i]))
@@ -797,13 +895,23 @@ def evaluate(
     return result
 
 
-if __name__ == "__main__":
-    cli_args = tyro.cli(Args)
+def cli(argv: list[str] | None = None) -> None:
+    """Trains, or evaluates --eval-checkpoint. Bad input ends with one line naming the flag and the fix (exit status
+    2); a failing env with one line and exit status 1; a run stopped by SIGINT or SIGTERM, once its checkpoint is
+    saved, with 128 + the signal's number, as a shell reports a signalled process."""
+    args = tyro.cli(Args, args=argv)
     try:
-        if cli_args.eval_checkpoint:
-            evaluate(cli_args.eval_checkpoint, cli_args.eval_episodes, cli_args.capture_video,
-                     cli_args.policy_device, cli_args.sim_device)
+        if args.eval_checkpoint:
+            evaluate(args.eval_checkpoint, args.eval_episodes, args.capture_video,
+                     args.policy_device, args.sim_device)
         else:
-            train(cli_args)
-    except (ValueError, FileNotFoundError) as error:  # bad flags: the message names the flag and the fix
-        raise SystemExit(f"error: {error}") from None
+            stopped_by = train(args)["stopped_by"]
+            if stopped_by:
+                raise SystemExit(128 + stopped_by)
+    except (UsageError, EnvStepError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2 if isinstance(error, UsageError) else 1) from None
+
+
+if __name__ == "__main__":
+    cli()

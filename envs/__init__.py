@@ -16,15 +16,21 @@ Nothing here knows about PPO: observation/reward normalisation and action clippi
 from __future__ import annotations
 
 import difflib
+import inspect
+import re
 
 import gymnasium as gym
 import torch
 
-from envs.core import EpisodeTracker, GymnasiumVecEnv
+from envs.core import MAX_ABS_VALUE, EpisodeTracker, GymnasiumVecEnv, torch_device
 from envs.memory import register as register_memory_tasks
 from envs.partial import register_variants
 
-__all__ = ["make", "EpisodeTracker", "GymnasiumVecEnv", "GENESIS_IDS"]
+__all__ = ["make", "EpisodeTracker", "GymnasiumVecEnv", "GENESIS_IDS", "MAX_ABS_VALUE", "UnknownTaskError"]
+
+
+class UnknownTaskError(ValueError):
+    """An env id that is not registered (the message suggests close matches)."""
 
 GENESIS_IDS = ("FrankaReach-v0", "FrankaReachNoVel-v0")
 
@@ -51,12 +57,35 @@ def make(
     """
     if not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+    torch_device(device)
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as error:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(close)}?" if close else "; see README.md for the task list"
-        raise ValueError(f"unknown env id {env_id!r} ({error}){hint}") from None
-    if spec.vector_entry_point is not None and spec.entry_point is None:
-        return gym.make_vec(env_id, num_envs=num_envs, seed=seed, device=device, **env_kwargs)
-    return GymnasiumVecEnv(env_id, num_envs, seed, device, vectorization_mode, **env_kwargs)
+        raise UnknownTaskError(f"unknown env id {env_id!r} ({error}){hint}") from None
+    try:
+        if spec.vector_entry_point is not None and spec.entry_point is None:
+            return gym.make_vec(env_id, num_envs=num_envs, seed=seed, device=device, **env_kwargs)
+        return GymnasiumVecEnv(env_id, num_envs, seed, device, vectorization_mode, **env_kwargs)
+    except TypeError as error:
+        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+        if unknown is None:
+            raise
+        raise ValueError(f"{env_id} has no option {unknown.group(1)!r}; its options are: "
+                         f"{', '.join(task_options(spec))}") from None
+
+
+def task_options(spec) -> list[str]:
+    """The keyword arguments a registered task accepts (for error messages)."""
+    if "base_id" in spec.kwargs:  # a partially observable variant: the options of its base task
+        return task_options(gym.spec(spec.kwargs["base_id"]))
+    natively_batched = spec.entry_point is None
+    entry = spec.vector_entry_point if natively_batched else spec.entry_point
+    creator = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+    names = [name for name, parameter in inspect.signature(creator).parameters.items()
+             if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+             and name not in ("self", "num_envs", "seed", "device") and name not in spec.kwargs]
+    if not natively_batched:  # what gym.make and the batch adapter add
+        names += ["max_episode_steps", "render_mode", "max_abs_value"]
+    return sorted(set(names))

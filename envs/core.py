@@ -36,6 +36,19 @@ class EpisodeTracker:
             self.lengths.masked_fill_(mask, 0)
 
 
+# Observations or rewards beyond this magnitude count as a simulator blow-up, like NaN or inf: a value of 1e30
+# from a diverged simulator is finite but would poison an observation normaliser's statistics for good.
+MAX_ABS_VALUE = 1e6
+
+
+def torch_device(device: torch.device | str) -> torch.device:
+    """`device` as a torch.device, with a clear error where CUDA is asked for and torch sees no GPU."""
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} but torch sees no CUDA GPU; use device='cpu'")
+    return device
+
+
 def as_bool_mask(reset_mask, num_envs: int) -> torch.Tensor:
     """Validates `options["reset_mask"]` (tensor or array of bools, one per env) and returns it on the CPU."""
     mask = torch.as_tensor(reset_mask).cpu()
@@ -60,7 +73,8 @@ class GymnasiumVecEnv:
     Gymnasium's same-step autoreset already returns the first observation of the next episode;
     this adapter turns its per-env `final_obs` objects into one dense tensor (rows of envs that did
     not finish equal `obs`), tracks raw episode statistics, and truncates-and-resets any env whose
-    observation or reward stops being finite (a MuJoCo blow-up) instead of failing the batch.
+    observation or reward stops being finite or exceeds `max_abs_value` in magnitude (a MuJoCo blow-up)
+    instead of failing the batch (None: only non-finite values count).
     """
 
     def __init__(
@@ -71,8 +85,11 @@ class GymnasiumVecEnv:
         device: torch.device | str = "cpu",
         vectorization_mode: str = "sync",
         render_mode: str | None = None,
+        max_abs_value: float | None = MAX_ABS_VALUE,
         **env_kwargs,
     ):
+        if max_abs_value is not None and not max_abs_value > 0:
+            raise ValueError(f"max_abs_value must be positive (or None), got {max_abs_value!r}")
         if vectorization_mode not in ("sync", "async"):
             raise ValueError(f"vectorization_mode must be 'sync' or 'async', got {vectorization_mode!r}")
         if render_mode is not None:
@@ -94,9 +111,13 @@ class GymnasiumVecEnv:
                     f"{env_id} has a {type(space).__name__}{getattr(space, 'shape', '')} {name} space; "
                     "these scripts need flat Box observations and continuous (Box) actions"
                 )
-        self.device = torch.device(device)
+        self.device = torch_device(device)
         self.seed = seed
         self.single_action_space.seed(seed)
+        self._action_shape = (num_envs, *self.single_action_space.shape)
+        largest = float(np.finfo(np.float64).max)  # without a bound: only inf and NaN exceed it
+        self._max_abs = float(max_abs_value) if max_abs_value is not None else largest
+        self._max_square_sum = min(self._max_abs, 1e154) ** 2 if max_abs_value is not None else largest
         self.episodes = EpisodeTracker(num_envs, self.device)
         self._seeded = False
         self._last_obs: np.ndarray | None = None
@@ -121,19 +142,29 @@ class GymnasiumVecEnv:
         self.episodes.clear(None if mask is None else mask.to(self.device))
         return self._tensor(obs), {}
 
-    def step(self, action: torch.Tensor):
-        action = np.asarray(action.detach().cpu().numpy(), dtype=self.single_action_space.dtype)
+    def step(self, action: torch.Tensor | np.ndarray):
+        """Actions as a (num_envs, action dims) tensor on any device, or a numpy array (`action_space.sample()`)."""
+        if isinstance(action, torch.Tensor):
+            action = action.detach().cpu().numpy()
+        action = np.asarray(action, dtype=self.single_action_space.dtype)
+        if action.shape != self._action_shape:
+            raise ValueError(f"action must have shape {self._action_shape} (num_envs, action dims), got {action.shape}")
         obs, reward, terminated, truncated, info = self.env.step(action)
         final_obs = np.array(obs, dtype=np.float32)
         if "_final_obs" in info:
             for i in np.flatnonzero(info["_final_obs"]):
                 final_obs[i] = info["final_obs"][i]
 
-        # A blow-up (non-finite state or reward) truncates that env and resets it; the batch goes on.
-        # One scalar check per step (a NaN or inf anywhere makes the sum non-finite); the mask only when needed.
+        # A blow-up (a non-finite or absurdly large state or reward) truncates that env and resets it; the batch
+        # goes on. One scalar check per step: NaN, inf or any value beyond the bound makes the sum of squares
+        # NaN or larger than the bound squared. Only then are the per-env masks computed.
         sim_errors = np.zeros(self.num_envs, dtype=bool)
-        if not np.isfinite(final_obs.sum(dtype=np.float64) + obs.sum(dtype=np.float64) + reward.sum()):
-            sim_errors = ~(np.isfinite(final_obs).all(axis=1) & np.isfinite(obs).all(axis=1) & np.isfinite(reward))
+        square_sum = float(np.vdot(obs, obs)) + float(np.vdot(final_obs, final_obs)) + float(np.vdot(reward, reward))
+        if not square_sum <= self._max_square_sum:
+            limit = self._max_abs
+            sim_errors = ~((np.abs(final_obs) <= limit).all(axis=1) & (np.abs(obs) <= limit).all(axis=1)
+                           & (np.abs(reward) <= limit))
+        if sim_errors.any():
             reward = np.where(sim_errors, 0.0, reward)
             final_obs[sim_errors] = self._last_obs[sim_errors]
             terminated = terminated & ~sim_errors

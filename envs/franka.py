@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from envs.core import EpisodeTracker, as_bool_mask
+from envs.core import MAX_ABS_VALUE, EpisodeTracker, as_bool_mask, torch_device
 
 # From Genesis's own Franka examples (examples/tutorials/control_your_robot.py, manipulation examples).
 HOME_QPOS = (0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785, 0.04, 0.04)  # 7 arm joints, 2 fingers (open)
@@ -87,18 +87,21 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
         action_rate_weight: float = 0.01,
         joint_velocity_weight: float = 0.001,
         observe_velocities: bool = True,
+        max_abs_value: float = MAX_ABS_VALUE,
         render_mode: str | None = None,
     ):
         for name, value in (("num_envs", num_envs), ("max_episode_steps", max_episode_steps), ("decimation", decimation)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name, value in (("sim_dt", sim_dt), ("action_scale", action_scale), ("success_threshold", success_threshold)):
+        for name, value in (("sim_dt", sim_dt), ("action_scale", action_scale), ("success_threshold", success_threshold),
+                            ("max_abs_value", max_abs_value)):
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.num_envs = num_envs
-        self.device = torch.device(device)
+        self.device = torch_device(device)
+        self.max_abs_value = max_abs_value
         self.seed = seed
         self.max_episode_steps = max_episode_steps
         self.decimation = decimation
@@ -237,11 +240,15 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
         fingers = self.home_qpos[NUM_ARM_JOINTS:].expand(self.num_envs, 2)
         self.robot.control_dofs_position(torch.cat([self.arm_target, fingers], dim=-1))
 
-    def step(self, action: torch.Tensor):
+    def step(self, action: torch.Tensor | np.ndarray):
+        """Actions as a (num_envs, 7) tensor on any device, or a numpy array (`action_space.sample()`)."""
         import genesis as gs
 
+        action = torch.as_tensor(action, dtype=torch.float32, device=gs.device)
+        if action.shape != (self.num_envs, NUM_ARM_JOINTS):
+            raise ValueError(f"action must have shape ({self.num_envs}, {NUM_ARM_JOINTS}), got {tuple(action.shape)}")
         # Out-of-range actions saturate, as a real actuator command would; keeps every reward term bounded.
-        action = action.to(gs.device, torch.float32).clamp(-1.0, 1.0)
+        action = action.clamp(-1.0, 1.0)
         self.arm_target = (self.arm_target + self.action_scale * action).clamp(self.arm_lower, self.arm_upper)
         self._send_command()
 
@@ -258,9 +265,7 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
         action_rate = (action - self.prev_action).square().sum(-1)
         self.prev_action = action  # observed below as the previous action
         obs, qd, distance = self._observe()
-        nonfinite = ~torch.isfinite(obs).all(dim=-1)
-        if nonfinite.any():
-            failed |= nonfinite
+        failed |= ~(obs.abs() <= self.max_abs_value).all(dim=-1)  # NaN, inf or absurd: a blow-up
         reached = distance < self.success_threshold
         w = self.weights
         terms = {

@@ -167,21 +167,31 @@ def test_subset_reset_touches_only_the_masked_envs(batch):
     assert batch.episode_step[2] == 0 and torch.equal(batch.episode_step[~mask], steps_before[~mask])
 
 
-def test_nonfinite_state_in_one_env_resets_that_env_only(batch):
-    """Bug: one diverged arm raises for the whole batch or poisons the rollout with NaN."""
+@pytest.mark.parametrize("velocity", [float("nan"), 1e8])
+def test_nonfinite_or_absurd_state_in_one_env_resets_that_env_only(batch, velocity):
+    """Bug: one diverged arm raises for the whole batch, or poisons the rollout with NaN or absurd values."""
     batch.reset(seed=6)
     obs = batch.step(torch.zeros(4, 7))[0]
     errors_before = batch.sim_error_count
-    nan = torch.full((1, 9), float("nan"))
-    batch.robot.set_dofs_velocity(nan, envs_idx=[1])
+    batch.robot.set_dofs_velocity(torch.full((1, 9), velocity), envs_idx=[1])
     new_obs, reward, terminated, truncated, info = batch.step(torch.zeros(4, 7))
     assert info["sim_errors"].tolist() == [False, True, False, False]
     assert truncated[1] and not terminated.any()
-    assert torch.isfinite(new_obs).all() and torch.isfinite(reward).all()
+    assert new_obs.abs().max() < 1e3 and torch.isfinite(reward).all()
     torch.testing.assert_close(info["final_obs"][1], obs[1])
     assert batch.sim_error_count == errors_before + 1
     for _ in range(12):  # past Genesis's periodic whole-batch error check
         assert torch.isfinite(batch.step(torch.zeros(4, 7))[0]).all()
+
+
+def test_numpy_actions_from_the_action_space_and_a_wrong_shape(batch):
+    """Bugs: `gym.make_vec("FrankaReach-v0").action_space.sample()` (numpy) failing with AttributeError; an action
+    of the wrong shape failing inside the simulator."""
+    batch.reset(seed=9)
+    obs, reward, *_ = batch.step(batch.action_space.sample())
+    assert obs.shape == (4, batch.single_observation_space.shape[0]) and torch.isfinite(reward).all()
+    with pytest.raises(ValueError, match=r"action must have shape \(4, 7\)"):
+        batch.step(torch.zeros(4, 6))
 
 
 def test_out_of_range_actions_saturate_instead_of_exploding(batch):

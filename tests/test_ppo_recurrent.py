@@ -44,6 +44,25 @@ def random_sequences(agent, K=9, B=6, seed=1):
     return obs, state, starts
 
 
+def record_acting_and_training(monkeypatch):
+    """Records every rollout step's (obs, state, starts) and every loss call's (a copy of the agent before its
+    step, the sequences' obs, starting states and starts)."""
+    acted, trained = [], []
+    original_act, original_loss = ppo.RecurrentAgent.act, ppo.ppo_loss
+
+    def recording_act(self, obs, state, starts):
+        acted.append((obs.clone(), state.clone(), starts.clone()))
+        return original_act(self, obs, state, starts)
+
+    def recording_loss(agent, obs, actions, states, starts, *rest):
+        trained.append((copy.deepcopy(agent), obs.clone(), states.clone(), starts.clone()))
+        return original_loss(agent, obs, actions, states, starts, *rest)
+
+    monkeypatch.setattr(ppo.RecurrentAgent, "act", recording_act)
+    monkeypatch.setattr(ppo, "ppo_loss", recording_loss)
+    return acted, trained
+
+
 # ---------------------------------------------------------------- 11: sequences in training == the rollout
 @pytest.mark.parametrize("rnn_type,shared,layers", TRUNKS)
 def test_sequence_forward_reproduces_the_step_by_step_rollout(rnn_type, shared, layers):
@@ -100,19 +119,7 @@ def test_first_minibatch_has_ratio_one_and_zero_kl(in_tmp, rnn_type, shared, lay
 def test_recompute_hidden_starts_every_later_epoch_from_the_states_the_current_weights_produce(in_tmp, monkeypatch):
     """Bugs: --recompute-hidden that never runs (every epoch trains from the rollout's stored states), reruns
     from the wrong chunk or starting state, or without the episode resets."""
-    rollout, calls = [], []
-    original_act, original_loss = ppo.RecurrentAgent.act, ppo.ppo_loss
-
-    def recording_act(self, obs, state, starts):
-        rollout.append((obs.clone(), state.clone(), starts.clone()))
-        return original_act(self, obs, state, starts)
-
-    def recording_loss(agent, obs, actions, states, starts, *rest):
-        calls.append((copy.deepcopy(agent), obs.clone(), states.clone(), starts.clone()))  # weights before the step
-        return original_loss(agent, obs, actions, states, starts, *rest)
-
-    monkeypatch.setattr(ppo.RecurrentAgent, "act", recording_act)
-    monkeypatch.setattr(ppo, "ppo_loss", recording_loss)
+    rollout, calls = record_acting_and_training(monkeypatch)
     epochs = 3
     args = SCRIPT.args(recompute_hidden=True, update_epochs=epochs, num_minibatches=1, learning_rate=3e-3,
                        anneal_lr=False, adaptive_kl=0.0)
@@ -144,19 +151,7 @@ def test_recompute_hidden_starts_every_later_epoch_from_the_states_the_current_w
 def test_stored_state_is_zero_at_every_episode_start_and_sequences_start_from_the_stored_state(in_tmp, monkeypatch):
     """Bugs: carrying the hidden state into a new episode, or training sequences that start from some other
     state (or step) than the one the rollout stored for their first step."""
-    acted, trained = [], []
-    original_act, original_loss = ppo.RecurrentAgent.act, ppo.ppo_loss
-
-    def recording_act(self, obs, state, starts):
-        acted.append((obs.clone(), state.clone(), starts.clone()))
-        return original_act(self, obs, state, starts)
-
-    def recording_loss(agent, obs, actions, states, starts, *rest):
-        trained.append((obs.clone(), states.clone(), starts.clone()))
-        return original_loss(agent, obs, actions, states, starts, *rest)
-
-    monkeypatch.setattr(ppo.RecurrentAgent, "act", recording_act)
-    monkeypatch.setattr(ppo, "ppo_loss", recording_loss)
+    acted, trained = record_acting_and_training(monkeypatch)
     args = SCRIPT.args(update_epochs=1, num_minibatches=1)
     ppo.train(args)
     obs, states, starts = (torch.stack([a[i] for a in acted]) for i in range(3))
@@ -164,7 +159,7 @@ def test_stored_state_is_zero_at_every_episode_start_and_sequences_start_from_th
     assert (states[starts] == 0).all()
     assert (states[~starts].abs().sum(-1) > 0).all()
     T, K = args.num_steps, args.bptt_len
-    for iteration, (sequence_obs, sequence_states, sequence_starts) in enumerate(trained):
+    for iteration, (_, sequence_obs, sequence_states, sequence_starts) in enumerate(trained):
         rollout = slice(iteration * T, (iteration + 1) * T)
         first_obs = obs[rollout][::K].flatten(0, 1)  # every (chunk, env): the observation of its first step
         first_states = states[rollout][::K].flatten(0, 1)
@@ -211,8 +206,8 @@ def test_evaluation_resets_the_hidden_state_at_episode_starts(in_tmp, monkeypatc
         return original(self, obs, state, starts)
 
     monkeypatch.setattr(ppo.RecurrentAgent, "mean_action", recording)
-    result = ppo.evaluate(summary["checkpoint"], episodes=17, device="cpu")  # 16 envs, 2 episodes each
-    assert result["episodes"] == 32 and np.isfinite(result["mean_return"])
+    result = ppo.evaluate(summary["checkpoint"], episodes=17, device="cpu")  # 16 envs, the first plays 2
+    assert result["episodes"] == 17 and np.isfinite(result["mean_return"])
     starts = torch.stack([st for _, st in seen])
     assert starts[0].all() and starts[21].all()  # 21-step episodes: the second starts at step 21
     later = torch.stack([s for s, _ in seen])[1:21]

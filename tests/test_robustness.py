@@ -1,0 +1,380 @@
+"""Runs that never lose or garble a result, on all three scripts: bad input, signals, resume, run directories,
+failing envs and W&B. Each test is named after the failure it prevents."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import envs
+from conftest import REPO, SCRIPTS, ScriptedEnv, episode_schedule, script_named, use_scripted_env
+
+
+# ---------------------------------------------------------------- bad input: one line, the flag, the fix
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """A finished one-iteration run per script, a truncated and a garbage checkpoint, a pickled object and a
+    torch file that is no checkpoint."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    paths = {}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.chdir(root)
+        for name in SCRIPTS:
+            script = script_named(name)
+            args = script.args()
+            args.total_timesteps = args.num_envs * args.num_steps
+            paths[name] = os.path.abspath(script.module.train(args)["checkpoint"])
+    data = open(paths["ppo_continuous"], "rb").read()
+    for name, content in (("truncated.pt", data[: len(data) // 2]), ("garbage.pt", b"not a checkpoint" * 100)):
+        (root / name).write_bytes(content)
+        paths[name] = str(root / name)
+    torch.save({"args": {}, "code": np.random.RandomState(0)}, root / "pickled.pt")  # weights_only refuses it
+    torch.save(torch.zeros(3), root / "tensor.pt")
+    paths["pickled.pt"], paths["tensor.pt"] = str(root / "pickled.pt"), str(root / "tensor.pt")
+    return paths
+
+
+PENDULUM = ["--env-id", "Pendulum-v1"]
+# (script, flags, what the one line must name); {name} is replaced by the path of checkpoints[name]
+CLI_CASES = [
+    ("ppo_continuous", PENDULUM + ["--learning-rate", "-1e-3"], "--learning-rate"),
+    ("ppo_continuous", PENDULUM + ["--seed", "-1"], "--seed"),
+    ("ppo_continuous", PENDULUM + ["--gamma", "1.5"], "--gamma"),
+    ("ppo_continuous", PENDULUM + ["--gae-lambda", "-0.1"], "--gae-lambda"),
+    ("ppo_continuous", PENDULUM + ["--clip-coef", "-1"], "--clip-coef"),
+    ("ppo_continuous", PENDULUM + ["--ent-coef", "-0.01"], "--ent-coef"),
+    ("ppo_continuous", PENDULUM + ["--vf-coef", "-1"], "--vf-coef"),
+    ("ppo_continuous", PENDULUM + ["--max-grad-norm", "0"], "--max-grad-norm"),
+    ("ppo_continuous", PENDULUM + ["--target-kl", "0"], "--target-kl"),
+    ("ppo_continuous", PENDULUM + ["--adaptive-kl", "-1"], "--adaptive-kl"),
+    ("ppo_continuous", PENDULUM + ["--init-log-std", "nan"], "--init-log-std"),
+    ("ppo_continuous", PENDULUM + ["--hidden-sizes", "64", "0"], "--hidden-sizes"),
+    ("ppo_continuous", PENDULUM + ["--num-envs", "0"], "--num-envs"),
+    ("ppo_continuous", PENDULUM + ["--num-steps", "0"], "--num-steps"),
+    ("ppo_continuous", PENDULUM + ["--update-epochs", "0"], "--update-epochs"),
+    ("ppo_continuous", PENDULUM + ["--num-minibatches", "7"], "--num-minibatches 7"),
+    ("ppo_continuous", PENDULUM + ["--total-timesteps", "10"], "--total-timesteps"),
+    ("ppo_continuous", PENDULUM + ["--checkpoint-interval", "0"], "--checkpoint-interval"),
+    ("ppo_continuous", PENDULUM + ["--video-interval", "0"], "--video-interval"),
+    ("ppo_continuous", PENDULUM + ["--torch-threads", "-1"], "--torch-threads"),
+    ("ppo_continuous", PENDULUM + ["--exp-name", "a/b"], "--exp-name"),
+    ("ppo_continuous", PENDULUM + ["--eval-episodes", "0"], "--eval-episodes"),
+    ("ppo_continuous", ["--env-id", "HalfCheeta-v5"], "HalfCheetah-v5"),
+    ("ppo_continuous", PENDULUM + ["--env-kwargs", "foo", "1"], "--env-kwargs"),
+    ("ppo_continuous", ["--env-id", "FrankaReach-v0", "--env-kwargs", "foo", "1"], "--env-kwargs"),
+    ("ppo_continuous", ["--env-id", "FrankaReach-v0", "--env-kwargs", "decimation", "0"], "decimation"),
+    ("ppo_continuous", PENDULUM + ["--cuda"], "--cuda"),
+    ("ppo_continuous", PENDULUM + ["--policy-device", "cuda"], "--policy-device"),
+    ("ppo_continuous", ["--resume", "runs/nowhere"], "no checkpoint"),
+    ("ppo_continuous", ["--eval-checkpoint", "nowhere.pt"], "no checkpoint"),
+    ("ppo_continuous", ["--eval-checkpoint", "{truncated.pt}"], "--eval-checkpoint"),
+    ("ppo_continuous", ["--resume", "{truncated.pt}"], "--resume"),
+    ("ppo_continuous", ["--eval-checkpoint", "{garbage.pt}"], "not a readable checkpoint"),
+    ("ppo_continuous", ["--resume", "{pickled.pt}"], "not a readable checkpoint"),
+    ("ppo_continuous", ["--eval-checkpoint", "{tensor.pt}"], "not a checkpoint"),
+    ("ppo_continuous", ["--eval-checkpoint", "{ppo_recurrent}"], "ppo_recurrent.py"),
+    ("ppo_continuous", ["--resume", "{ppo_transformer}"], "ppo_transformer.py"),
+    ("ppo_continuous", ["--eval-checkpoint", "{ppo_continuous}", "--eval-episodes", "0"], "--eval-episodes"),
+    ("ppo_continuous", ["--eval-checkpoint", "{ppo_continuous}", "--eval-episodes", "-1"], "--eval-episodes"),
+    ("ppo_recurrent", ["--env-id", "PendulumNoVel-v1", "--bptt-len", "7"], "--bptt-len 7"),
+    ("ppo_recurrent", ["--env-id", "PendulumNoVel-v1", "--rnn-hidden-size", "0"], "--rnn-hidden-size"),
+    ("ppo_recurrent", ["--env-id", "PendulumNoVel-v1", "--rnn-layers", "0"], "--rnn-layers"),
+    ("ppo_recurrent", ["--env-id", "PendulumNoVel-v1", "--gamma", "-0.5"], "--gamma"),
+    ("ppo_recurrent", ["--env-id", "PendulumNoVell-v1"], "PendulumNoVel-v1"),
+    ("ppo_recurrent", ["--eval-checkpoint", "{ppo_continuous}"], "ppo_continuous.py"),
+    ("ppo_recurrent", ["--resume", "{garbage.pt}"], "--resume"),
+    ("ppo_transformer", ["--env-id", "PendulumNoVel-v1", "--token-dim", "10", "--num-heads", "4"], "--num-heads 4"),
+    ("ppo_transformer", ["--env-id", "PendulumNoVel-v1", "--context-len", "0"], "--context-len"),
+    ("ppo_transformer", ["--env-id", "PendulumNoVel-v1", "--learning-rate", "0"], "--learning-rate"),
+    ("ppo_transformer", ["--env-id", "PendulumNoVel-v1", "--clip-coef", "0"], "--clip-coef"),
+    ("ppo_transformer", ["--resume", "{ppo_continuous}"], "ppo_continuous.py"),
+    ("ppo_transformer", ["--eval-checkpoint", "{ppo_recurrent}"], "ppo_recurrent.py"),
+]
+# (envs.make keyword arguments, or "step" to step with a wrong action shape; what the message must name)
+ENV_CASES = [
+    (dict(env_id="Pendulum-v1", device="cuda"), "device='cuda'"),
+    (dict(env_id="Pendulum-v1", num_envs=0), "num_envs"),
+    (dict(env_id="Pendulum-v1", foo=1), "'foo'"),
+    (dict(env_id="Pendulm-v1"), "Pendulum-v1"),
+    (dict(env_id="Pendulum-v1", vectorization_mode="thread"), "vectorization_mode"),
+    (dict(env_id="Pendulum-v1", max_abs_value=-1.0), "max_abs_value"),
+    (dict(env_id="FrankaReach-v0", device="cuda"), "device='cuda'"),
+    ("step", "action must have shape"),
+]
+CASES = [("cli", *case) for case in CLI_CASES] + [("envs", None, *case) for case in ENV_CASES]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="some cases expect the error for a missing GPU")
+@pytest.mark.parametrize("kind,script,given,expected", CASES,
+                         ids=[f"{c[1] or 'envs'}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input_gets_one_line_naming_the_flag_a_nonzero_exit_and_no_run_directory(
+        kind, script, given, expected, checkpoints, in_tmp, capsys):
+    """Bugs: a traceback, a message that names no flag (numpy's, torch's), a bad value accepted silently (gamma
+    1.5, a negative clip), or an empty run directory left behind by a rejected run."""
+    if kind == "envs":
+        with pytest.raises(ValueError) as error:
+            if given == "step":
+                envs.make("Pendulum-v1", num_envs=2).step(torch.zeros(3, 1))
+            else:
+                envs.make(**given)
+        message = str(error.value)
+    else:
+        flags = [checkpoints[f[1:-1]] if f.startswith("{") else f for f in given]
+        with pytest.raises(SystemExit) as exit_info:
+            script_named(script).module.cli([*flags, "--no-progress-bar"])
+        assert exit_info.value.code == 2
+        message = capsys.readouterr().err.strip()
+        assert message.startswith("error: ") and "Traceback" not in message
+    assert expected in message and "\n" not in message, message
+    assert not os.path.exists(in_tmp / "runs"), "a rejected run left a run directory"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_bad_flag_in_a_real_process_exits_with_one_line_and_status_2(script, tmp_path):
+    """Bug: the command line (not only the function) printing a traceback or exiting 0."""
+    result = subprocess.run([sys.executable, os.path.join(REPO, f"{script}.py"), "--env-id", "PendulumNoVel-v1",
+                             "--gamma", "1.5", "--no-progress-bar"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2 and result.stderr.strip() == "error: --gamma must be in [0, 1], got 1.5"
+    assert not os.path.exists(tmp_path / "runs")
+
+
+def test_runs_being_a_file_or_unwritable_is_one_clear_line(in_tmp, capsys, monkeypatch):
+    """Bug: a traceback from os.makedirs when runs/ cannot be created."""
+    module = script_named("ppo_continuous").module
+    (in_tmp / "runs").write_text("")
+    with pytest.raises(SystemExit):
+        module.cli(PENDULUM + ["--no-progress-bar"])
+    assert "is a file" in capsys.readouterr().err
+    os.remove(in_tmp / "runs")
+
+    def unwritable(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "mkdir", unwritable)
+    with pytest.raises(SystemExit):
+        module.cli(PENDULUM + ["--no-progress-bar"])
+    error = capsys.readouterr().err.strip()
+    assert "cannot create a run directory" in error and "Permission denied" in error and "\n" not in error
+
+
+def test_runtime_fields_are_not_flags(script, in_tmp, capsys):
+    """Bug: --batch-size, --minibatch-size, --num-iterations listed as flags that the script then overwrites."""
+    for flag in ("--batch-size", "--minibatch-size", "--num-iterations", "--num-sequences"):
+        with pytest.raises(SystemExit) as exit_info:
+            script.module.cli(["--env-id", "PendulumNoVel-v1", flag, "64"])
+        assert exit_info.value.code == 2
+    capsys.readouterr()
+
+
+# ---------------------------------------------------------------- evaluation plays exactly what is asked
+@pytest.mark.parametrize("episodes", [1, 5, 20])
+def test_evaluation_plays_exactly_the_episodes_asked_for(script, in_tmp, episodes):
+    """Bug: --eval-episodes 20 playing 32 (the same number per env, rounded up)."""
+    args = script.args()
+    args.total_timesteps = args.num_envs * args.num_steps
+    summary = script.module.train(args)
+    assert script.module.evaluate(summary["checkpoint"], episodes=episodes, device="cpu")["episodes"] == episodes
+
+
+# ---------------------------------------------------------------- signals
+@pytest.mark.parametrize("script,signum", [("ppo_continuous", signal.SIGINT), ("ppo_continuous", signal.SIGTERM),
+                                           ("ppo_recurrent", signal.SIGTERM), ("ppo_transformer", signal.SIGTERM)])
+def test_sigint_and_sigterm_finish_the_iteration_save_and_exit_with_128_plus_the_signal(script, signum, tmp_path):
+    """Bug: a preempted job (Slurm, Kubernetes and `timeout` send SIGTERM) losing everything since its last
+    periodic checkpoint, or exiting with a status that tells the scheduler it completed."""
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, f"{script}.py"), "--env-id", "PendulumNoVel-v1", "--num-envs", "2",
+         "--num-steps", "256", "--update-epochs", "2", "--total-timesteps", "10000000", "--checkpoint-interval",
+         "1000000", "--no-progress-bar"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    deadline = time.time() + 120
+    while not glob.glob(str(tmp_path / "runs/*/events.*")) and time.time() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)
+    process.send_signal(signum)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum, output
+    assert signal.Signals(signum).name in output and "Traceback" not in output
+    run_dir = glob.glob(str(tmp_path / "runs/*"))[0]
+    checkpoint = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)
+    assert checkpoint["iteration"] >= 1
+    events = EventAccumulator(run_dir)
+    events.Reload()
+    logged = [event.step for event in events.Scalars("charts/SPS")]
+    assert logged[-1] == checkpoint["global_step"]  # every iteration that was logged is in the checkpoint
+
+
+# ---------------------------------------------------------------- resume
+def scalar_steps(run_dir: str) -> dict[str, list[int]]:
+    """Steps of every scalar as TensorBoard reads them (its purge of orphaned events included)."""
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [event.step for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_resume_continues_the_tensorboard_record_without_repeating_a_step(script, in_tmp):
+    """Bug: the iterations logged after the checkpoint logged again on resume (steps going backwards)."""
+    args = script.args(checkpoint_interval=2)
+    args.total_timesteps = 4 * args.num_envs * args.num_steps  # checkpoints after iterations 2 and 4
+    straight = script.module.train(args)
+    # As after a crash (kill -9) past iteration 2: iterations 3 and 4 are logged but the checkpoint is the 2nd.
+    script.module.train(script.module.Args(resume=os.path.join(straight["run_dir"], "checkpoint_000002.pt"),
+                                           progress_bar=False))
+    steps = scalar_steps(straight["run_dir"])
+    batch = args.num_envs * args.num_steps
+    assert steps["charts/SPS"] == [batch, 2 * batch, 3 * batch, 4 * batch]
+    for tag, logged in steps.items():
+        assert all(a < b for a, b in zip(logged, logged[1:])) or tag.startswith("charts/episodic"), tag
+        assert sorted(logged) == logged, tag
+
+
+def test_resume_continues_in_the_directory_that_holds_the_checkpoint(script, in_tmp, monkeypatch):
+    """Bug: resuming into the run directory recorded in the checkpoint (a relative path) instead of the one the
+    checkpoint is in, so a moved run, or one resumed from another directory, writes elsewhere."""
+    args = script.args(checkpoint_interval=1)
+    args.total_timesteps = 3 * args.num_envs * args.num_steps
+    run_dir = script.module.train(args)["run_dir"]
+    moved = in_tmp / "archive" / "moved_run"
+    shutil.move(run_dir, moved)
+    os.remove(moved / "checkpoint_000003.pt")
+    elsewhere = in_tmp / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    resumed = script.module.train(script.module.Args(resume=str(moved / "checkpoint_000002.pt"), progress_bar=False))
+    assert os.path.samefile(resumed["run_dir"], moved) and (moved / "checkpoint_000003.pt").exists()
+    assert not (elsewhere / "runs").exists() and not (in_tmp / "runs" / os.path.basename(run_dir)).exists()
+
+
+# ---------------------------------------------------------------- run directories
+def test_two_identical_runs_started_in_the_same_second_get_two_directories(tmp_path):
+    """Bug: job arrays and sweeps starting identical runs in the same second share (and overwrite) one directory."""
+    start = ("import os, runpy, sys, time; time.time = lambda: 1700000000.0; sys.argv = sys.argv[1:]; "
+             "sys.path.insert(0, os.path.dirname(sys.argv[0])); runpy.run_path(sys.argv[0], run_name='__main__')")
+    flags = ["--env-id", "Pendulum-v1", "--num-envs", "1", "--num-steps", "64", "--num-minibatches", "1",
+             "--update-epochs", "1", "--total-timesteps", "128", "--no-progress-bar"]
+    processes = [subprocess.Popen([sys.executable, "-c", start, os.path.join(REPO, "ppo_continuous.py"), *flags],
+                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for _ in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in processes]
+    assert all(p.returncode == 0 for p in processes), outputs
+    run_dirs = sorted(glob.glob(str(tmp_path / "runs/*")))
+    assert [os.path.basename(d) for d in run_dirs] == ["Pendulum-v1__ppo_continuous__1__1700000000",
+                                                        "Pendulum-v1__ppo_continuous__1__1700000000_1"]
+    for run_dir in run_dirs:
+        assert len(glob.glob(os.path.join(run_dir, "events.*"))) == 1
+        assert json.load(open(os.path.join(run_dir, "args.json")))["total_timesteps"] == 128
+        assert torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)["iteration"] == 2
+
+
+# ---------------------------------------------------------------- a failing env
+def as_flags(settings: dict) -> list[str]:
+    """Args fields as command-line flags."""
+    flags = []
+    for name, value in settings.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (tuple, list)):
+            flags += [flag, *map(str, value)]
+        elif isinstance(value, dict):
+            flags += [flag, *(str(x) for item in value.items() for x in item)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+class FailingEnv(ScriptedEnv):
+    """Raises from `step` at global step `fail_at`, as a simulator or user-env bug would."""
+
+    fail_at = 10**9
+
+    def step(self, action):
+        if self.k == self.fail_at:
+            raise RuntimeError("solver exploded")
+        return super().step(action)
+
+
+def test_an_env_exception_stops_with_one_line_and_keeps_the_last_completed_iteration(script, in_tmp, monkeypatch,
+                                                                                    capsys):
+    """Bug: an exception inside the env's step ends the run with a traceback and loses every iteration completed
+    since the last periodic checkpoint."""
+    args = script.args()
+    T, N = args.num_steps, args.num_envs
+    ends = episode_schedule(4096, N, T)
+    monkeypatch.setattr(script.module.envs, "make", lambda env_id, num_envs, seed, device, **kwargs: FailingEnv(
+        num_envs, ends, device))
+    monkeypatch.setattr(FailingEnv, "fail_at", 2 * T + 5)  # in iteration 3
+    argv = as_flags({**script.small, "total_timesteps": 4 * N * T, "checkpoint_interval": 100})
+    with pytest.raises(SystemExit) as exit_info:
+        script.module.cli(argv)
+    assert exit_info.value.code == 1
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith("error: ") and args.env_id in message and "solver exploded" in message
+    assert f"global step {(2 * T + 5) * N}" in message and "iteration 3" in message
+    run_dir = glob.glob(str(in_tmp / "runs/*"))[0]
+    checkpoint = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)
+    assert checkpoint["iteration"] == 2 and checkpoint["global_step"] == 2 * T * N
+    # as it was after iteration 2: the failed rollout's observations are not in the saved statistics
+    assert checkpoint["obs_normalizer"]["count"].item() == pytest.approx(1e-4 + N * (1 + 2 * T))
+    assert "solver exploded" in open(os.path.join(run_dir, "error.txt")).read()
+    monkeypatch.setattr(FailingEnv, "fail_at", 10**9)  # the env fixed: the run resumes from iteration 3
+    resumed = script.module.train(script.module.Args(resume=os.path.join(run_dir, "checkpoint.pt"), progress_bar=False))
+    assert [h["iteration"] for h in resumed["history"]] == [3, 4]
+
+
+# ---------------------------------------------------------------- W&B
+def wandb_history_keys(run_file: str) -> set[str]:
+    """The keys of every history row in an offline W&B run file (a LevelDB-style log of protobuf records)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = open(run_file, "rb").read()
+    assert data[:4] == b":W&B"
+    keys, position, block, pending = set(), 7, 32768, b""
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block's tail too short for a record header is padding
+            position += block - position % block
+            continue
+        length, kind = int.from_bytes(data[position + 4 : position + 6], "little"), data[position + 6]
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "history":
+                keys |= {item.key or item.nested_key[0] for item in record.history.item}  # media: (key, field)
+    return keys
+
+
+def test_track_sends_every_tensorboard_scalar_and_the_videos_to_wandb(script, in_tmp, monkeypatch):
+    """Bug: --track creating a W&B run with the config and no metric (the SummaryWriter made before wandb.init,
+    so sync_tensorboard never sees it), or videos that never reach W&B."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()  # W&B keeps its settings (its directory: the first run's ./wandb) per process
+    args = script.args(track=True, capture_video=True, video_interval=1, env_kwargs={"max_episode_steps": 20})
+    args.total_timesteps = 3 * args.num_envs * args.num_steps
+    summary = script.module.train(args)
+    run_files = glob.glob(str(in_tmp / "wandb" / "offline-run-*" / "*.wandb"))
+    assert len(run_files) == 1 and os.path.basename(summary["run_dir"]) in run_files[0]
+    keys = wandb_history_keys(run_files[0])
+    tensorboard = set(scalar_steps(summary["run_dir"]))
+    assert {"charts/SPS", "charts/episodic_return", "losses/value_loss", "losses/approx_kl"} <= keys
+    assert tensorboard <= keys, tensorboard - keys
+    assert "videos/train" in keys
+    assert not glob.glob(os.path.join(summary["run_dir"], "**", "*.wandb"), recursive=True)  # W&B's files elsewhere
