@@ -18,7 +18,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import envs
-from conftest import REPO, SCRIPTS, ScriptedEnv, episode_schedule, script_named, use_scripted_env
+from conftest import REPO, SCRIPTS, ScriptedEnv, episode_schedule, script_named
 
 
 # ---------------------------------------------------------------- bad input: one line, the flag, the fix
