@@ -241,6 +241,34 @@ def test_resume_continues_the_tensorboard_record_without_repeating_a_step(script
         assert sorted(logged) == logged, tag
 
 
+def test_resume_after_kill_9_past_the_checkpoint_never_logs_a_step_twice(tmp_path):
+    """Bug: after a crash (kill -9) past the last checkpoint, resuming logs those iterations again and the
+    TensorBoard steps go backwards."""
+    script = os.path.join(REPO, "ppo_continuous.py")
+    flags = ["--env-id", "Pendulum-v1", "--num-envs", "1", "--num-steps", "128", "--num-minibatches", "2",
+             "--update-epochs", "1", "--total-timesteps", str(60 * 128), "--checkpoint-interval", "4",
+             "--no-progress-bar"]
+    process = subprocess.Popen([sys.executable, script, *flags], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline, logged, saved = time.time() + 120, [], None
+    while time.time() < deadline and process.poll() is None:  # until an iteration past a checkpoint is on disk
+        run_dirs = glob.glob(str(tmp_path / "runs/*"))
+        if run_dirs and os.path.exists(os.path.join(run_dirs[0], "checkpoint.pt")):
+            logged = scalar_steps(run_dirs[0]).get("charts/SPS", [])
+            saved = torch.load(os.path.join(run_dirs[0], "checkpoint.pt"), weights_only=True)["global_step"]
+            if logged and logged[-1] > saved:
+                break
+        time.sleep(0.1)
+    process.kill()  # SIGKILL: no handler runs, nothing is saved
+    process.wait()
+    assert logged and saved is not None and logged[-1] > saved, "the run ended before it could be killed"
+    run_dir = glob.glob(str(tmp_path / "runs/*"))[0]
+    resumed = subprocess.run([sys.executable, script, "--resume", run_dir, "--no-progress-bar"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert scalar_steps(run_dir)["charts/SPS"] == [128 * i for i in range(1, 61)]  # each iteration once, in order
+
+
 def test_resume_continues_in_the_directory_that_holds_the_checkpoint(script, in_tmp, monkeypatch):
     """Bug: resuming into the run directory recorded in the checkpoint (a relative path) instead of the one the
     checkpoint is in, so a moved run, or one resumed from another directory, writes elsewhere."""
