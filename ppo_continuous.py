@@ -127,7 +127,7 @@ class Args:
     eval_checkpoint: str | None = None
     """evaluate this checkpoint instead of training"""
     eval_episodes: int = 10
-    """episodes to evaluate, spread evenly over the envs (each env's first episodes count, so short ones are not favoured)"""
+    """episodes to evaluate, spread evenly over the envs (each env's first ones count: short ones are not favoured)"""
     env_kwargs: dict[str, int | float | bool | str] | None = None
     """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4"""
 
@@ -214,7 +214,7 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
         ("checkpoint_interval", args.checkpoint_interval >= 1, "at least 1"),
         ("video_interval", args.video_interval >= 1, "at least 1"),
         ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
-        ("exp_name", bool(args.exp_name) and "/" not in args.exp_name, "a name without '/' (it names the run directory)"),
+        ("exp_name", bool(args.exp_name) and "/" not in args.exp_name, "a name without '/' (it names the run dir)"),
         ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
     ]
     for name, ok, requirement in rules:
@@ -446,7 +446,7 @@ def create_run_dir(args: Args) -> str:
     (a job array, a sweep) gets the next free suffix (_1, _2, ...) instead of sharing a directory."""
     base = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
     if os.path.exists("runs") and not os.path.isdir("runs"):
-        raise UsageError(f"{os.path.abspath('runs')} is a file, not a directory: move it, or run from another directory")
+        raise UsageError(f"{os.path.abspath('runs')} is a file, not a directory: move it, or run from elsewhere")
     try:
         os.makedirs("runs", exist_ok=True)
         for attempt in range(10_000):
@@ -594,7 +594,7 @@ def train(args: Args) -> dict:
     except UsageError:
         vec.close()
         raise
-    if args.track:  # before the SummaryWriter: W&B mirrors only the writers created after wandb.init
+    if args.track:  # before the SummaryWriter: W&B mirrors only the writers created after its patch
         import wandb
 
         # W&B's own files go to ./wandb (or $WANDB_DIR), outside runs/: it copies the event files it mirrors, and
@@ -643,7 +643,8 @@ def train(args: Args) -> dict:
             env_state = None
         np_state = np.random.get_state()
         return {
-            "script": CHECKPOINT_KIND, "args": asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+            "script": CHECKPOINT_KIND, "args": asdict(args), "model": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
             "obs_normalizer": obs_norm.state_dict(), "reward_scaler": reward_scaler.state_dict(),
             "global_step": global_step, "iteration": iteration, "env": env_state, "next_obs_raw": next_obs_raw.cpu(),
             "rng": {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(np_state[1].copy()),
@@ -651,7 +652,9 @@ def train(args: Args) -> dict:
         }
 
     in_main_thread = threading.current_thread() is threading.main_thread()  # signals can only be set there
-    previous_handlers = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)} if in_main_thread else {}
+    previous_handlers = {}
+    if in_main_thread:
+        previous_handlers = {signum: signal.signal(signum, request_stop) for signum in (signal.SIGINT, signal.SIGTERM)}
     progress = None
     if args.progress_bar:
         from tqdm import tqdm
@@ -819,7 +822,8 @@ def train(args: Args) -> dict:
         with open(os.path.join(run_dir, "error.txt"), "w") as f:
             traceback.print_exception(error.__cause__, file=f)
         raise EnvStepError(f"{error}; its traceback is in {os.path.join(run_dir, 'error.txt')}; the last completed "
-                           f"iteration ({last_completed['iteration']}) is saved: fix the env, then --resume {path}") from None
+                           f"iteration ({last_completed['iteration']}) is saved: fix the env, then --resume {path}"
+                           ) from None
     finally:
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
