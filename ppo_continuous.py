@@ -594,17 +594,19 @@ def train(args: Args) -> dict:
     except UsageError:
         vec.close()
         raise
-    if args.track:  # before the SummaryWriter: W&B mirrors only the writers created after its patch
+    if args.track:
         import wandb
 
-        # W&B's own files go to ./wandb (or $WANDB_DIR), outside runs/: it copies the event files it mirrors, and
-        # copies inside the TensorBoard log directory would be mirrored (and shown by TensorBoard) again.
+        # Every scalar is logged to W&B directly, under its TensorBoard name and against global_step (W&B's
+        # sync_tensorboard watches the event files and was seen to miss the last iterations of a run, or all of a
+        # short one). W&B's own files go to ./wandb (or $WANDB_DIR), outside runs/.
         run_name = os.path.basename(os.path.abspath(run_dir))
-        wandb.tensorboard.patch(root_logdir=run_dir)  # sync_tensorboard with the log directory given, not guessed
         wandb.init(
             project=args.wandb_project_name, entity=args.wandb_entity, group=args.wandb_group,
             config=asdict(args), name=run_name, resume="allow", id=run_name,
         )
+        wandb.define_metric("global_step")
+        wandb.define_metric("*", step_metric="global_step")
     # A resumed run drops what was logged after its checkpoint, so no step is logged twice or goes backwards.
     writer = SummaryWriter(run_dir, purge_step=global_step + 1 if checkpoint is not None else None)
     if checkpoint is None:
@@ -707,7 +709,7 @@ def train(args: Args) -> dict:
                         if recorder.step(vec, done, path):
                             print(f"saved {path}")
                             if args.track:
-                                wandb.log({"videos/train": wandb.Video(path, format="mp4")})
+                                wandb.log({"videos/train": wandb.Video(path, format="mp4"), "global_step": global_step})
 
                 last_value = agent.get_value(next_obs)
                 final_values = agent.get_value(final_obs_buf.flatten(0, 1)).view(T, N)
@@ -804,6 +806,8 @@ def train(args: Args) -> dict:
             if finished_returns:  # in the summary only: the event file has every episode
                 metrics["charts/episodic_return"] = float(np.mean(finished_returns))
                 metrics["charts/episodic_length"] = float(np.mean(finished_lengths))
+            if args.track:  # one row per iteration: episodes as their mean, every other scalar as in TensorBoard
+                wandb.log({**metrics, "global_step": global_step})
             history.append({"iteration": iteration, "global_step": global_step, **metrics})
             if progress is not None:
                 progress.update(1)
@@ -833,7 +837,6 @@ def train(args: Args) -> dict:
         vec.close()
         if args.track:
             wandb.finish()
-            wandb.tensorboard.unpatch()  # a later run in this process (a sweep, a notebook) patches it anew
     return {
         "run_dir": run_dir,
         "checkpoint": os.path.join(run_dir, "checkpoint.pt"),

@@ -364,13 +364,13 @@ def test_an_env_exception_stops_with_one_line_and_keeps_the_last_completed_itera
 
 
 # ---------------------------------------------------------------- W&B
-def wandb_history_keys(run_file: str) -> set[str]:
-    """The keys of every history row in an offline W&B run file (a LevelDB-style log of protobuf records)."""
+def wandb_history(run_file: str) -> list[dict[str, str]]:
+    """The history rows (key -> JSON value) of an offline W&B run file, a LevelDB-style log of protobuf records."""
     from wandb.proto import wandb_internal_pb2
 
     data = open(run_file, "rb").read()
     assert data[:4] == b":W&B"
-    keys, position, block, pending = set(), 7, 32768, b""
+    rows, position, block, pending = [], 7, 32768, b""
     while position + 7 <= len(data):
         if block - position % block < 7:  # a block's tail too short for a record header is padding
             position += block - position % block
@@ -382,14 +382,15 @@ def wandb_history_keys(run_file: str) -> set[str]:
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
             pending = b""
-            if record.WhichOneof("record_type") == "history":
-                keys |= {item.key or item.nested_key[0] for item in record.history.item}  # media: (key, field)
-    return keys
+            if record.WhichOneof("record_type") == "history":  # media items are (key, field) pairs
+                rows.append({item.key or item.nested_key[0]: item.value_json for item in record.history.item})
+    return rows
 
 
 def test_track_sends_every_tensorboard_scalar_and_the_videos_to_wandb(script, in_tmp, monkeypatch):
-    """Bug: --track creating a W&B run with the config and no metric (the SummaryWriter made before wandb.init,
-    so sync_tensorboard never sees it), or videos that never reach W&B."""
+    """Bugs: --track creating a W&B run with the config and no metric (the SummaryWriter made before wandb.init,
+    so sync_tensorboard never saw it), a run whose last iterations never reach W&B (its file watcher stopping
+    before it read them), or videos that never reach W&B."""
     import wandb
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -400,9 +401,12 @@ def test_track_sends_every_tensorboard_scalar_and_the_videos_to_wandb(script, in
     summary = script.module.train(args)
     run_files = glob.glob(str(in_tmp / "wandb" / "offline-run-*" / "*.wandb"))
     assert len(run_files) == 1 and os.path.basename(summary["run_dir"]) in run_files[0]
-    keys = wandb_history_keys(run_files[0])
-    tensorboard = set(scalar_steps(summary["run_dir"]))
+    rows = wandb_history(run_files[0])
+    keys = set().union(*rows)
+    tensorboard = scalar_steps(summary["run_dir"])
     assert {"charts/SPS", "charts/episodic_return", "losses/value_loss", "losses/approx_kl"} <= keys
-    assert tensorboard <= keys, tensorboard - keys
+    assert set(tensorboard) <= keys, set(tensorboard) - keys
+    # one row per iteration, at the steps TensorBoard has, to the end of the run
+    assert [int(row["global_step"]) for row in rows if "charts/SPS" in row] == tensorboard["charts/SPS"]
     assert "videos/train" in keys
     assert not glob.glob(os.path.join(summary["run_dir"], "**", "*.wandb"), recursive=True)  # W&B's files elsewhere
