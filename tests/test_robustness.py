@@ -287,20 +287,21 @@ def test_resume_continues_in_the_directory_that_holds_the_checkpoint(script, in_
 
 
 # ---------------------------------------------------------------- run directories
-def test_two_identical_runs_started_in_the_same_second_get_two_directories(tmp_path):
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_two_identical_runs_started_in_the_same_second_get_two_directories(script, tmp_path):
     """Bug: job arrays and sweeps starting identical runs in the same second share (and overwrite) one directory."""
     start = ("import os, runpy, sys, time; time.time = lambda: 1700000000.0; sys.argv = sys.argv[1:]; "
              "sys.path.insert(0, os.path.dirname(sys.argv[0])); runpy.run_path(sys.argv[0], run_name='__main__')")
-    flags = ["--env-id", "Pendulum-v1", "--num-envs", "1", "--num-steps", "64", "--num-minibatches", "1",
+    flags = ["--env-id", "PendulumNoVel-v1", "--num-envs", "1", "--num-steps", "64", "--num-minibatches", "1",
              "--update-epochs", "1", "--total-timesteps", "128", "--no-progress-bar"]
-    processes = [subprocess.Popen([sys.executable, "-c", start, os.path.join(REPO, "ppo_continuous.py"), *flags],
+    processes = [subprocess.Popen([sys.executable, "-c", start, os.path.join(REPO, f"{script}.py"), *flags],
                                   cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for _ in range(2)]
     outputs = [p.communicate(timeout=300)[0] for p in processes]
     assert all(p.returncode == 0 for p in processes), outputs
     run_dirs = sorted(glob.glob(str(tmp_path / "runs/*")))
-    assert [os.path.basename(d) for d in run_dirs] == ["Pendulum-v1__ppo_continuous__1__1700000000",
-                                                        "Pendulum-v1__ppo_continuous__1__1700000000_1"]
+    name = f"PendulumNoVel-v1__{script}__1__1700000000"
+    assert [os.path.basename(d) for d in run_dirs] == [name, f"{name}_1"]
     for run_dir in run_dirs:
         assert len(glob.glob(os.path.join(run_dir, "events.*"))) == 1
         assert json.load(open(os.path.join(run_dir, "args.json")))["total_timesteps"] == 128
