@@ -365,13 +365,14 @@ def test_an_env_exception_stops_with_one_line_and_keeps_the_last_completed_itera
 
 
 # ---------------------------------------------------------------- W&B
-def wandb_history(run_file: str) -> list[dict[str, str]]:
-    """The history rows (key -> JSON value) of an offline W&B run file, a LevelDB-style log of protobuf records."""
+def wandb_records(run_file: str) -> tuple[list[dict[str, str]], dict[str, str]]:
+    """The history rows (key -> JSON value) and the step metric of each defined metric (name or glob) of an
+    offline W&B run file, a LevelDB-style log of protobuf records."""
     from wandb.proto import wandb_internal_pb2
 
     data = open(run_file, "rb").read()
     assert data[:4] == b":W&B"
-    rows, position, block, pending = [], 7, 32768, b""
+    rows, step_metrics, position, block, pending = [], {}, 7, 32768, b""
     while position + 7 <= len(data):
         if block - position % block < 7:  # a block's tail too short for a record header is padding
             position += block - position % block
@@ -385,7 +386,9 @@ def wandb_history(run_file: str) -> list[dict[str, str]]:
             pending = b""
             if record.WhichOneof("record_type") == "history":  # media items are (key, field) pairs
                 rows.append({item.key or item.nested_key[0]: item.value_json for item in record.history.item})
-    return rows
+            elif record.WhichOneof("record_type") == "metric":
+                step_metrics[record.metric.name or record.metric.glob_name] = record.metric.step_metric
+    return rows, step_metrics
 
 
 def test_track_sends_every_tensorboard_scalar_and_the_videos_to_wandb(script, in_tmp, monkeypatch):
@@ -402,7 +405,8 @@ def test_track_sends_every_tensorboard_scalar_and_the_videos_to_wandb(script, in
     summary = script.module.train(args)
     run_files = glob.glob(str(in_tmp / "wandb" / "offline-run-*" / "*.wandb"))
     assert len(run_files) == 1 and os.path.basename(summary["run_dir"]) in run_files[0]
-    rows = wandb_history(run_files[0])
+    rows, step_metrics = wandb_records(run_files[0])
+    assert step_metrics.get("*") == "global_step"  # W&B plots every scalar against the env steps, as TensorBoard
     keys = set().union(*rows)
     tensorboard = scalar_steps(summary["run_dir"])
     assert {"charts/SPS", "charts/episodic_return", "losses/value_loss", "losses/approx_kl"} <= keys
