@@ -167,13 +167,17 @@ def test_subset_reset_touches_only_the_masked_envs(batch):
     assert batch.episode_step[2] == 0 and torch.equal(batch.episode_step[~mask], steps_before[~mask])
 
 
-@pytest.mark.parametrize("velocity", [float("nan"), 1e8])
-def test_nonfinite_or_absurd_state_in_one_env_resets_that_env_only(batch, velocity):
-    """Bug: one diverged arm raises for the whole batch, or poisons the rollout with NaN or absurd values."""
+@pytest.mark.parametrize("corrupt", ["nan_velocity", "absurd_target"])
+def test_nonfinite_or_absurd_state_in_one_env_resets_that_env_only(batch, corrupt):
+    """Bug: one diverged arm raises for the whole batch, or poisons the rollout with NaN or with finite but
+    absurd values (here a target 1e8 m away: the physics stays finite, the observation does not stay sane)."""
     batch.reset(seed=6)
     obs = batch.step(torch.zeros(4, 7))[0]
     errors_before = batch.sim_error_count
-    batch.robot.set_dofs_velocity(torch.full((1, 9), velocity), envs_idx=[1])
+    if corrupt == "nan_velocity":
+        batch.robot.set_dofs_velocity(torch.full((1, 9), float("nan")), envs_idx=[1])
+    else:
+        batch.target_pos[1] = 1e8
     new_obs, reward, terminated, truncated, info = batch.step(torch.zeros(4, 7))
     assert info["sim_errors"].tolist() == [False, True, False, False]
     assert truncated[1] and not terminated.any()
