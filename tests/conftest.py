@@ -67,6 +67,8 @@ class Script:
     small: dict
     #: checkpoint entries that carry the policy's memory between rollouts
     memory_keys: tuple[str, ...] = ()
+    #: a few iterations on the Genesis arm (its task variant and the script's own settings for it)
+    genesis = dict(env_id="FrankaReach-v0")
 
     def __init__(self, name: str):
         self.name = name
@@ -138,6 +140,7 @@ class RecurrentScript(Script):
                  update_epochs=2, total_timesteps=3 * 32 * 3, rnn_hidden_size=16, hidden_sizes=(16,),
                  env_kwargs={"max_episode_steps": 21}, progress_bar=False)
     memory_keys = ("rnn_state", "next_start")
+    genesis = dict(env_id="FrankaReachNoVel-v0", bptt_len=0)  # whole-rollout sequences, staggered episode starts
 
     def make_agent(self, obs_dim=3, act_dim=2, low=-1.0, high=1.0, transform="clip", init_log_std=0.0, seed=0):
         torch.manual_seed(seed)
@@ -178,6 +181,7 @@ class TransformerScript(Script):
                  total_timesteps=3 * 16 * 3, token_dim=8, num_heads=2, num_layers=2, hidden_sizes=(16,),
                  env_kwargs={"max_episode_steps": 7}, progress_bar=False)
     memory_keys = ("context",)
+    genesis = dict(env_id="FrankaReach-v0", context_len=2, num_tokens=2)
 
     def make_agent(self, obs_dim=3, act_dim=2, low=-1.0, high=1.0, transform="clip", init_log_std=0.0, seed=0):
         torch.manual_seed(seed)

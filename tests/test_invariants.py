@@ -565,3 +565,17 @@ def test_reward_scaling_of_a_whole_rollout_equals_scaling_step_by_step(script):
         torch.testing.assert_close(scaler.return_rms.var, reference_stats.var)
         torch.testing.assert_close(scaler.return_rms.mean, reference_stats.mean)
         assert scaler.return_rms.count.item() == pytest.approx(reference_stats.count.item())
+
+
+# ---------------------------------------------------------------- the Genesis path
+def test_genesis_arm_trains_logs_success_and_reward_terms_and_evaluates(script, in_tmp):
+    """Bug: the Genesis path (sim device, success, reward terms, staggered starts, final_obs memory) breaks a
+    script while every Gymnasium test passes."""
+    args = script.args(num_envs=16, num_steps=8, num_minibatches=2, update_epochs=2, total_timesteps=16 * 8 * 3,
+                       sim_device="cpu", policy_device="cpu", env_kwargs={"max_episode_steps": 10}, **script.genesis)
+    summary = script.module.train(args)
+    last = summary["history"][-1]
+    assert "charts/success_rate" in last and last["reward_terms/distance"] < 0
+    assert all(h["debug/first_minibatch_ratio_max_dev"] < 1e-4 for h in summary["history"])
+    result = script.module.evaluate(summary["checkpoint"], episodes=4, device="cpu", sim_device="cpu")
+    assert result["episodes"] == 4 and 0.0 <= result["success_rate"] <= 1.0
