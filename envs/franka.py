@@ -87,21 +87,22 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
         action_rate_weight: float = 0.01,
         joint_velocity_weight: float = 0.001,
         observe_velocities: bool = True,
-        max_abs_value: float = MAX_ABS_VALUE,
+        max_abs_value: float | None = MAX_ABS_VALUE,
         render_mode: str | None = None,
     ):
         for name, value in (("num_envs", num_envs), ("max_episode_steps", max_episode_steps), ("decimation", decimation)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name, value in (("sim_dt", sim_dt), ("action_scale", action_scale), ("success_threshold", success_threshold),
-                            ("max_abs_value", max_abs_value)):
+                            ("max_abs_value", 1.0 if max_abs_value is None else max_abs_value)):
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.num_envs = num_envs
         self.device = torch_device(device)
-        self.max_abs_value = max_abs_value
+        # None: only non-finite values count (inf exceeds the largest float32, NaN compares false)
+        self.max_abs_value = max_abs_value if max_abs_value is not None else float(torch.finfo(torch.float32).max)
         self.seed = seed
         self.max_episode_steps = max_episode_steps
         self.decimation = decimation

@@ -216,6 +216,7 @@ def test_out_of_range_actions_saturate_instead_of_exploding(batch):
         ({"action_scale": 0.0}, "action_scale"),
         ({"render_mode": "human"}, "render_mode"),
         ({"sim_device": "tpu"}, "sim_device"),
+        ({"max_abs_value": 0.0}, "max_abs_value"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(kwargs, match):

@@ -171,9 +171,12 @@ def test_runs_being_a_file_or_unwritable_is_one_clear_line(in_tmp, capsys, monke
 
 def test_runtime_fields_are_not_flags(script, in_tmp, capsys):
     """Bug: --batch-size, --minibatch-size, --num-iterations listed as flags that the script then overwrites."""
+    # A valid one-iteration run: were the field a flag, it would train and return instead of exiting with 2.
+    run = ["--env-id", "PendulumNoVel-v1", "--num-envs", "1", "--num-steps", "64", "--num-minibatches", "1",
+           "--update-epochs", "1", "--total-timesteps", "64", "--no-progress-bar"]
     for flag in ("--batch-size", "--minibatch-size", "--num-iterations", "--num-sequences"):
         with pytest.raises(SystemExit) as exit_info:
-            script.module.cli(["--env-id", "PendulumNoVel-v1", flag, "64"])
+            script.module.cli([*run, flag, "64"])
         assert exit_info.value.code == 2
     capsys.readouterr()
 
