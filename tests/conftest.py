@@ -78,7 +78,8 @@ class Script:
         return self.name
 
     def args(self, **overrides):
-        return self.module.Args(**{**self.small, **overrides})
+        # the tests' recorded numbers and hand-built agents are on the CPU; a GPU machine would otherwise pick cuda
+        return self.module.Args(**{"policy_device": "cpu", "sim_device": "cpu", **self.small, **overrides})
 
     def make_agent(self, obs_dim=3, act_dim=2, low=-1.0, high=1.0, transform="clip", init_log_std=0.0, seed=0):
         raise NotImplementedError
