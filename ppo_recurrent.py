@@ -13,10 +13,11 @@ enters any loss). Documented in README.md, section "ppo_recurrent.py"; conventio
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
-import random
+import shutil
 import signal
 import sys
 import threading
@@ -32,7 +33,7 @@ import tyro
 from torch.utils.tensorboard import SummaryWriter
 
 import envs
-from envs.video import EpisodeRecorder, write_video
+from envs.video import EpisodeRecorder
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment, part of the run directory"""
     seed: int = 1
-    """seed of the experiment (torch, numpy, python and the environments)"""
+    """seed of the experiment (torch and the environments)"""
     torch_deterministic: bool = True
     """sets `torch.backends.cudnn.deterministic`"""
     cuda: bool = False
@@ -48,7 +49,7 @@ class Args:
     policy_device: Literal["auto", "cpu", "cuda"] = "auto"
     """where the networks, normalisers and rollout buffers live (auto: cuda if available)"""
     sim_device: Literal["auto", "cpu", "cuda"] = "auto"
-    """where Genesis simulates (auto: cuda if available); Gymnasium tasks always step on the CPU"""
+    """where a GPU-capable simulator (Genesis) steps (auto: cuda if available); Gymnasium tasks step on the CPU"""
     track: bool = False
     """log to Weights & Biases as well as TensorBoard (WANDB_MODE=offline works without a network)"""
     wandb_project_name: str = "ppo-recurrent"
@@ -66,64 +67,80 @@ class Args:
 
     env_id: str = "FrankaReachNoVel-v0"
     """the task: FrankaReachNoVel-v0, FrankaReach-v0, any Gymnasium id with Box spaces, or an envs.partial variant"""
-    num_envs: int | None = None
-    """parallel environments (None: preset)"""
+    num_envs: int = 1024
+    """parallel environments"""
     vectorization_mode: Literal["sync", "async"] = "sync"
     """Gymnasium tasks: step envs in this process or one subprocess each"""
-    total_timesteps: int | None = None
-    """environment steps to train for (None: preset)"""
+    total_timesteps: int = 6_000_000
+    """environment steps to train for"""
 
-    learning_rate: float | None = None
-    """Adam learning rate (the initial one with --anneal-lr or --adaptive-kl; None: preset)"""
-    anneal_lr: bool | None = None
-    """anneal the learning rate linearly to 0, once per iteration (None: preset; off with --adaptive-kl)"""
-    adaptive_kl: float | None = None
-    """desired KL of rsl_rl's adaptive learning rate, adjusted per minibatch (0 turns it off; None: preset)"""
-    num_steps: int | None = None
-    """steps per env per rollout (None: preset)"""
-    gamma: float | None = None
-    """discount factor (None: preset)"""
-    gae_lambda: float | None = None
-    """lambda of generalised advantage estimation (None: preset)"""
-    num_minibatches: int | None = None
-    """minibatches per epoch (None: preset)"""
-    update_epochs: int | None = None
-    """epochs over each rollout (None: preset)"""
+    learning_rate: float = 1e-3
+    """the learning rate (the initial one under a schedule)"""
+    lr_schedule: Literal["constant", "linear", "cosine", "adaptive_kl"] = "adaptive_kl"
+    """linear: to 0 (CleanRL); cosine: to --lr-min-fraction of it; adaptive_kl: rsl_rl's rule towards --desired-kl"""
+    anneal_lr: bool = True
+    """CleanRL's switch: --no-anneal-lr keeps the learning rate constant whatever --lr-schedule says"""
+    lr_min_fraction: float = 0.1
+    """where --lr-schedule cosine ends, as a fraction of --learning-rate"""
+    desired_kl: float = 0.01
+    """--lr-schedule adaptive_kl: per minibatch, the rate /1.5 above twice this KL, x1.5 below half of it"""
+    critic_learning_rate: float = 0.0
+    """a learning rate of its own for the critic (0: --learning-rate); schedules scale both alike"""
+    optimizer: Literal["adam", "adamw"] = "adam"
+    """Adam, or AdamW with decoupled --weight-decay"""
+    weight_decay: float = 0.0
+    """AdamW's weight decay, on weight matrices only (not on biases or the log-std)"""
+    num_steps: int = 24
+    """steps per env per rollout"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """lambda of generalised advantage estimation"""
+    num_minibatches: int = 4
+    """minibatches per epoch"""
+    update_epochs: int = 5
+    """epochs over each rollout"""
     norm_adv: bool = True
     """normalise advantages per minibatch"""
+    robust_adv_norm: bool = False
+    """with --norm-adv: only centre a minibatch's advantages when their std is below 1e-4 (no blow-up when flat)"""
     clip_coef: float = 0.2
     """PPO's surrogate clipping coefficient"""
     clip_vloss: bool = True
     """clip the value loss around the rollout's values, as in the PPO paper's code"""
-    ent_coef: float | None = None
-    """entropy bonus coefficient (None: preset)"""
-    vf_coef: float | None = None
-    """value loss coefficient (None: preset)"""
-    max_grad_norm: float | None = None
-    """global gradient-norm clip over all parameters (None: preset)"""
-    target_kl: float | None = None
-    """stop the epochs of an iteration once approx_kl exceeds this (None: never)"""
+    value_loss: Literal["mse", "huber"] = "mse"
+    """squared error (times 0.5), or Huber with --huber-delta (both combine with --clip-vloss)"""
+    huber_delta: float = 1.0
+    """where --value-loss huber turns from quadratic to linear"""
+    ent_coef: float = 0.0
+    """entropy bonus coefficient"""
+    vf_coef: float = 1.0
+    """value loss coefficient"""
+    max_grad_norm: float = 1.0
+    """global gradient-norm clip over all parameters"""
+    target_kl: float = 0.0
+    """stop the epochs of an iteration once approx_kl exceeds this (0: never)"""
 
     rnn_type: Literal["gru", "lstm"] = "gru"
     """the recurrent cell of the trunk"""
-    rnn_hidden_size: int | None = None
-    """hidden state width of each recurrent layer (None: preset)"""
+    rnn_hidden_size: int = 64
+    """hidden state width of each recurrent layer"""
     rnn_layers: int = 1
     """stacked recurrent layers in a trunk"""
     shared_trunk: bool = False
     """one recurrent trunk feeding both heads (else separate actor and critic trunks, as rsl_rl)"""
     heads_see_obs: bool = True
     """the actor and critic heads get the current observation beside the trunk's output (a skip connection)"""
-    bptt_len: int | None = None
-    """steps per training sequence (truncated BPTT); 0 means the whole rollout, as CleanRL (None: preset)"""
+    bptt_len: int = 0
+    """steps per training sequence (truncated BPTT); 0 means the whole rollout, as CleanRL"""
     recompute_hidden: bool = False
     """before each epoch after the first, recompute the sequences' starting states with the current weights"""
-    hidden_sizes: tuple[int, ...] | None = None
-    """hidden layer widths of the actor and critic MLP heads on top of the trunk (None: preset)"""
-    activation: Literal["tanh", "elu", "relu"] | None = None
-    """hidden activation (None: preset)"""
-    init_log_std: float | None = None
-    """initial log standard deviation of the Gaussian policy (None: preset)"""
+    hidden_sizes: tuple[int, ...] = (128, 64)
+    """hidden layer widths of the actor and critic MLP heads on top of the trunk"""
+    activation: Literal["tanh", "elu", "relu"] = "elu"
+    """hidden activation"""
+    init_log_std: float = 0.0
+    """initial log standard deviation of the Gaussian policy"""
     action_transform: Literal["clip", "tanh"] = "clip"
     """clip: the env gets the Gaussian sample clipped to its bounds; tanh: squashed into them (with the log-det term)"""
     norm_obs: bool = True
@@ -145,37 +162,29 @@ class Args:
     # computed from the flags at run time (not flags themselves)
     batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps"""
-    minibatch_size: tyro.conf.Suppress[int] = 0
-    """batch_size // num_minibatches"""
     num_sequences: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps // bptt_len"""
     num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // batch_size"""
 
 
-# Genesis arms: many parallel envs, short rollouts trained as whole sequences, adaptive KL (rsl_rl's recurrent
-# setup, with a smaller GRU for the CPU). Gymnasium tasks: CleanRL's defaults with 64-step sequences.
-# Per-task entries override their family.
+# Args' defaults are the Genesis arm's: many parallel envs, short rollouts trained as whole sequences, adaptive KL
+# (rsl_rl's recurrent setup, with a smaller GRU for the CPU). Any other task starts from CleanRL's settings with
+# 64-step sequences; a task's entry overrides them.
+CLEANRL = dict(
+    num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, lr_schedule="linear", num_steps=2048, bptt_len=64,
+    num_minibatches=32, update_epochs=10, vf_coef=0.5, max_grad_norm=0.5, hidden_sizes=(64,), activation="tanh",
+)
 PENDULUM = dict(
-    num_envs=4, total_timesteps=300_000, learning_rate=1e-3, num_steps=1024, gamma=0.9, bptt_len=32,
+    CLEANRL, num_envs=4, total_timesteps=300_000, learning_rate=1e-3, num_steps=1024, gamma=0.9, bptt_len=32,
     num_minibatches=16, init_log_std=-0.5,
 )
-PRESETS = {
-    "genesis": dict(
-        num_envs=1024, total_timesteps=6_000_000, learning_rate=1e-3, anneal_lr=False, adaptive_kl=0.01,
-        num_steps=24, bptt_len=0, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=5, ent_coef=0.0,
-        vf_coef=1.0, max_grad_norm=1.0, rnn_hidden_size=64, hidden_sizes=(128, 64), activation="elu",
-        init_log_std=0.0,
-    ),
-    "gymnasium": dict(
-        num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, anneal_lr=True, adaptive_kl=0.0,
-        num_steps=2048, bptt_len=64, gamma=0.99, gae_lambda=0.95, num_minibatches=32, update_epochs=10,
-        ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5, rnn_hidden_size=64, hidden_sizes=(64,), activation="tanh",
-        init_log_std=0.0,
-    ),
-    "Pendulum-v1": PENDULUM,
-    "PendulumNoVel-v1": PENDULUM,
-}
+PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDULUM, "PendulumNoVel-v1": PENDULUM}
+
+
+def task_args(env_id: str, **flags) -> Args:
+    """The settings a run on `env_id` starts from (its preset, else CleanRL's), with `flags` on top."""
+    return Args(**{**PRESETS.get(env_id, CLEANRL), "env_id": env_id, **flags})
 
 
 class UsageError(ValueError):
@@ -183,14 +192,7 @@ class UsageError(ValueError):
 
 
 def resolve_args(args: Args) -> Args:
-    """Fills None fields from the presets, derives batch and sequence sizes and checks the flags."""
-    family = "genesis" if args.env_id in envs.GENESIS_IDS else "gymnasium"
-    preset = {**PRESETS[family], **PRESETS.get(args.env_id, {})}
-    for name, value in preset.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.adaptive_kl:
-        args.anneal_lr = False
+    """Checks the flags and derives batch and sequence sizes."""
     if args.cuda:
         args.policy_device = args.sim_device = "cuda"
     check_flags(args, at_least_one=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps",
@@ -210,7 +212,6 @@ def resolve_args(args: Args) -> Args:
             f"--bptt-len {args.bptt_len}) do not divide into --num-minibatches {args.num_minibatches}; choose a "
             f"divisor of {args.num_sequences}"
         )
-    args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations < 1:
         raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
@@ -228,8 +229,14 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
         ("ent_coef", args.ent_coef >= 0, "0 or more"),
         ("vf_coef", args.vf_coef >= 0, "0 or more"),
         ("max_grad_norm", args.max_grad_norm > 0, "positive"),
-        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (leave it out to never stop early)"),
-        ("adaptive_kl", args.adaptive_kl >= 0, "0 (off) or positive"),
+        ("target_kl", args.target_kl >= 0, "0 (never stop early) or positive"),
+        ("desired_kl", args.desired_kl > 0, "positive"),
+        ("lr_min_fraction", 0 <= args.lr_min_fraction <= 1, "in [0, 1]"),
+        ("critic_learning_rate", args.critic_learning_rate >= 0, "0 (--learning-rate) or positive"),
+        ("weight_decay", args.weight_decay == 0 or args.optimizer == "adamw", "0 with --optimizer adam (use adamw)"),
+        ("weight_decay", args.weight_decay >= 0, "0 or more"),
+        ("huber_delta", args.huber_delta > 0, "positive"),
+
         ("init_log_std", math.isfinite(args.init_log_std), "a finite number"),
         ("hidden_sizes", all(width >= 1 for width in args.hidden_sizes), "widths of at least 1"),
         ("checkpoint_interval", args.checkpoint_interval >= 1, "at least 1"),
@@ -284,7 +291,19 @@ class RunningMeanStd(nn.Module):
 
 
 class ObsNormalizer(RunningMeanStd):
+    """Observations standardised by running statistics and clipped to +-10; passed through with --no-norm-obs."""
+
+    def __init__(self, shape, enabled: bool = True):
+        super().__init__(shape)
+        self.enabled = enabled
+
+    def update(self, x: torch.Tensor) -> None:
+        if self.enabled:
+            super().update(x)
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return obs
         return ((obs - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0).float()
 
 
@@ -365,27 +384,46 @@ class RecurrentAgent(nn.Module):
     Actions are scored and transformed as in ppo_continuous.py (stored unclipped; clip or tanh for the env).
     """
 
-    def __init__(self, obs_dim, act_dim, rnn_type, rnn_hidden_size, rnn_layers, shared_trunk, heads_see_obs,
-                 hidden_sizes, activation, init_log_std, action_low, action_high, transform):
+    def __init__(self, args: Args, obs_space, action_space):
         super().__init__()
-        rnn_class = nn.GRU if rnn_type == "gru" else nn.LSTM
-        self.trunks = nn.ModuleList(rnn_class(obs_dim, rnn_hidden_size, rnn_layers) for _ in range(1 if shared_trunk else 2))
+        if args.action_transform == "tanh" and not (np.isfinite(action_space.low).all()
+                                                    and np.isfinite(action_space.high).all()):
+            raise UsageError(f"--action-transform tanh needs finite action bounds; {args.env_id} has {action_space}")
+        obs_dim, act_dim = obs_space.shape[0], action_space.shape[0]
+        rnn_hidden_size, rnn_layers = args.rnn_hidden_size, args.rnn_layers
+        rnn_class = nn.GRU if args.rnn_type == "gru" else nn.LSTM
+        self.trunks = nn.ModuleList(rnn_class(obs_dim, rnn_hidden_size, rnn_layers) for _ in range(1 if args.shared_trunk else 2))
         for name, param in self.trunks.named_parameters():
             if "weight" in name:
                 nn.init.orthogonal_(param, 1.0)
             else:
                 nn.init.constant_(param, 0.0)
-        self.state_parts = 2 if rnn_type == "lstm" else 1
+        self.state_parts = 2 if args.rnn_type == "lstm" else 1
         self.layers, self.hidden = rnn_layers, rnn_hidden_size
         self.state_size = len(self.trunks) * self.state_parts * rnn_layers * rnn_hidden_size
-        self.heads_see_obs = heads_see_obs
-        head_input = rnn_hidden_size + (obs_dim if heads_see_obs else 0)
-        self.critic = mlp(head_input, hidden_sizes, 1, activation, out_std=1.0)
-        self.actor_mean = mlp(head_input, hidden_sizes, act_dim, activation, out_std=0.01)
-        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), float(init_log_std)))
-        self.transform = transform
-        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
-        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
+        self.heads_see_obs = args.heads_see_obs
+        head_input = rnn_hidden_size + (obs_dim if args.heads_see_obs else 0)
+        self.critic = mlp(head_input, args.hidden_sizes, 1, args.activation, out_std=1.0)
+        self.actor_mean = mlp(head_input, args.hidden_sizes, act_dim, args.activation, out_std=0.01)
+        self.actor_logstd = nn.Parameter(torch.full((1, act_dim), float(args.init_log_std)))
+        self.transform = args.action_transform
+        self.register_buffer("action_low", torch.as_tensor(action_space.low, dtype=torch.float32))
+        self.register_buffer("action_high", torch.as_tensor(action_space.high, dtype=torch.float32))
+
+    @torch.no_grad()
+    def sequence_start_states(self, obs, state, starts, K: int) -> torch.Tensor:
+        """The state entering each K-step chunk of a (T, N) rollout that started from `state`, rerun with the current
+        weights (T/K fused calls), so that the update's sequences start where this policy would be."""
+        chunk_states = []
+        for chunk in range(obs.shape[0] // K):
+            chunk_states.append(state)
+            steps = slice(chunk * K, (chunk + 1) * K)
+            _, _, state = self.features(obs[steps], state, starts[steps])
+        return torch.stack(chunk_states).flatten(0, 1)
+
+    def is_critic(self, name: str) -> bool:
+        """Whether a parameter serves the value alone (its head, and its own trunk unless the trunk is shared)."""
+        return name.startswith("critic") or (len(self.trunks) == 2 and name.startswith("trunks.1."))
 
     def initial_state(self, batch: int) -> torch.Tensor:
         return torch.zeros(batch, self.state_size, device=self.action_low.device)
@@ -451,24 +489,25 @@ class RecurrentAgent(nn.Module):
             log_prob = log_prob - (log_det + torch.log((self.action_high - self.action_low) / 2)).sum(-1)
         return log_prob
 
-    def act(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor):
-        """One rollout step for (B, obs_dim): (action, log-prob, value, next state)."""
-        actor_features, critic_features, next_state = self.features(obs[None], state, starts[None])
-        mean = self.actor_mean(actor_features[0])
-        action = mean + self.actor_logstd.exp() * torch.randn_like(mean)
-        return action, self.log_prob(mean, action), self.critic(critic_features[0]).squeeze(-1), next_state
+    def get_action_and_value(self, obs, state, starts, action=None):
+        """(action, log-prob, entropy, value, next state). Acting (`action` None): one step of (B, obs_dim)
+        observations after `state`, a new sample and the state after it. The update: (K, B) sequences of stored
+        steps from their starting states, the given actions scored (no next state)."""
+        acting = action is None
+        if acting:
+            obs, starts = obs[None], starts[None]
+        actor_features, critic_features, next_state = self.features(obs, state, starts, final_state=acting)
+        mean = self.actor_mean(actor_features)
+        if acting:
+            action = mean + self.actor_logstd.exp() * torch.randn_like(mean)
+        entropy = (self.actor_logstd + 0.5 + HALF_LOG_2PI).sum(-1).expand(mean.shape[:-1])
+        outputs = action, self.log_prob(mean, action), entropy, self.critic(critic_features).squeeze(-1)
+        return (*(x[0] for x in outputs), next_state) if acting else (*outputs, None)
 
     def get_value(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """V of (B, obs_dim) observations after `state`; the state itself is left to the caller, unchanged."""
         _, critic_features, _ = self.features(obs[None], state, starts[None], critic_only=True, final_state=False)
         return self.critic(critic_features[0]).squeeze(-1)
-
-    def evaluate(self, obs, actions, state, starts):
-        """Log-probs, entropies and values of (K, B) sequences of stored steps, from their starting states."""
-        actor_features, critic_features, _ = self.features(obs, state, starts, final_state=False)
-        mean = self.actor_mean(actor_features)
-        entropy = (self.actor_logstd + 0.5 + HALF_LOG_2PI).sum(-1).expand(mean.shape[:-1])
-        return self.log_prob(mean, actions), entropy, self.critic(critic_features).squeeze(-1)
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         if self.transform == "tanh":
@@ -478,6 +517,13 @@ class RecurrentAgent(nn.Module):
     def mean_action(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor):
         actor_features, _, next_state = self.features(obs[None], state, starts[None])
         return self.env_action(self.actor_mean(actor_features[0])), next_state
+
+
+def to_sequences(x: torch.Tensor, K: int) -> torch.Tensor:
+    """(T, N, ...) rollout tensors -> (K, T/K * N, ...) sequences: sequence c * N + n holds env n's steps
+    cK .. cK + K - 1."""
+    T, N = x.shape[:2]
+    return x.view(T // K, K, N, *x.shape[2:]).transpose(0, 1).reshape(K, T // K * N, *x.shape[2:])
 
 
 def compute_gae(rewards, values, last_value, final_values, terminated, truncated, gamma, gae_lambda):
@@ -504,17 +550,23 @@ def ppo_loss(agent, obs, actions, states, starts, old_logprobs, advantages, retu
     """The clipped PPO objective on a minibatch of (K, B) sequences that start from `states` (B, state_size);
     returns (loss, stats). Advantages are normalised here (per minibatch); returns are the value targets as they
     are. Every step of every sequence is real data: nothing is padded, so nothing needs masking."""
-    new_logprobs, entropy, new_values = agent.evaluate(obs, actions, states, starts)
+    _, new_logprobs, entropy, new_values, _ = agent.get_action_and_value(obs, states, starts, actions)
     logratio = new_logprobs - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        std = advantages.std()
+        if args.robust_adv_norm:  # flat advantages (a solved task, sparse rewards): centre, do not blow them up
+            std = torch.where(std < 1e-4, torch.ones_like(std), std)
+        advantages = (advantages - advantages.mean()) / (std + 1e-8)
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
-    if args.clip_vloss:
-        clipped = old_values + (new_values - old_values).clamp(-args.clip_coef, args.clip_coef)
-        v_loss = 0.5 * torch.max((new_values - returns).square(), (clipped - returns).square()).mean()
+    if args.value_loss == "huber":
+        value_error = lambda values: nn.functional.huber_loss(values, returns, reduction="none", delta=args.huber_delta)  # noqa: E731
     else:
-        v_loss = 0.5 * (new_values - returns).square().mean()
+        value_error = lambda values: 0.5 * (values - returns).square()  # noqa: E731
+    v_loss = value_error(new_values)
+    if args.clip_vloss:
+        v_loss = torch.max(v_loss, value_error(old_values + (new_values - old_values).clamp(-args.clip_coef, args.clip_coef)))
+    v_loss = v_loss.mean()
     entropy = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
     with torch.no_grad():
@@ -528,6 +580,38 @@ def ppo_loss(agent, obs, actions, states, starts, old_logprobs, advantages, retu
             "ratio_max_dev": (ratio - 1).abs().max(),
         }
     return loss, stats
+
+
+def make_optimizer(agent: nn.Module, args: Args) -> torch.optim.Optimizer:
+    """Adam or AdamW over the actor's and the critic's parameters, each group with its initial rate in
+    "initial_lr" (the schedules scale it); AdamW decays weight matrices only."""
+    groups = []
+    for is_critic, lr in ((False, args.learning_rate), (True, args.critic_learning_rate or args.learning_rate)):
+        params = [p for name, p in agent.named_parameters() if agent.is_critic(name) == is_critic]
+        for decay, selected in ((args.weight_decay, [p for p in params if p.dim() >= 2]), (0.0, [p for p in params if p.dim() < 2])):
+            if selected:
+                groups.append({"params": selected, "lr": lr, "initial_lr": lr, "weight_decay": decay})
+    return (torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.Adam)(groups, eps=1e-5)
+
+
+def lr_fraction(args: Args, iteration: int) -> float:
+    """The scheduled fraction of the initial learning rates at `iteration` (1-based; adaptive_kl moves on its own)."""
+    progress = (iteration - 1.0) / args.num_iterations
+    if not args.anneal_lr or args.lr_schedule in ("constant", "adaptive_kl"):
+        return 1.0
+    if args.lr_schedule == "linear":
+        return 1.0 - progress
+    return args.lr_min_fraction + (1.0 - args.lr_min_fraction) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def adapt_lr(optimizer: torch.optim.Optimizer, approx_kl: float, desired_kl: float) -> None:
+    """rsl_rl's adaptive rate: /1.5 when the KL is above twice the desired one, x1.5 below half of it, within
+    [1e-5, 1e-2] for the actor; the critic's rate keeps its ratio to the actor's."""
+    groups = optimizer.param_groups
+    scale = 1 / 1.5 if approx_kl > 2.0 * desired_kl else (1.5 if approx_kl < 0.5 * desired_kl else 1.0)
+    fraction = min(1e-2, max(1e-5, groups[0]["lr"] * scale)) / groups[0]["initial_lr"]
+    for group in groups:
+        group["lr"] = fraction * group["initial_lr"]
 
 
 def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
@@ -575,17 +659,13 @@ def run_dir_of(checkpoint_path: str) -> str:
 
 
 def save_checkpoint(run_dir: str, state: dict) -> str:
-    """Writes checkpoint_<iteration>.pt and points checkpoint.pt (the latest) at it. Atomic: a crash
-    mid-write leaves the previous checkpoints intact."""
+    """Writes checkpoint_<iteration>.pt and a copy as checkpoint.pt (the latest). Atomic: a crash mid-write
+    leaves the previous checkpoints intact."""
     path = os.path.join(run_dir, f"checkpoint_{state['iteration']:06d}.pt")
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
     latest = os.path.join(run_dir, "checkpoint.pt")
-    try:
-        os.link(path, latest + ".tmp")
-    except FileExistsError:
-        os.remove(latest + ".tmp")
-        os.link(path, latest + ".tmp")
+    torch.save(state, path + ".tmp")
+    shutil.copyfile(path + ".tmp", latest + ".tmp")
+    os.replace(path + ".tmp", path)
     os.replace(latest + ".tmp", latest)
     return path
 
@@ -618,38 +698,67 @@ def args_from_checkpoint(checkpoint: dict) -> Args:
     return args
 
 
+class StopSignal:
+    """SIGINT (Ctrl-C) and SIGTERM (Slurm, Kubernetes, `timeout`) ask the run to finish its iteration, save a
+    checkpoint and exit: `signum` is the first one received (None until then); a second Ctrl-C aborts. Installed
+    until `restore()`, in the main thread only (the only one Python delivers signals to)."""
+
+    def __init__(self):
+        self.signum, self.previous = None, {}
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {signum: signal.signal(signum, self.request) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def request(self, signum, frame):
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.signum is None:
+            print(f"\n{signal.Signals(signum).name}: finishing this iteration, then saving a checkpoint (Ctrl-C again "
+                  "aborts)", flush=True)
+            self.signum = signum
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def open_logs(args: Args, run_dir: str, resumed_at: int | None):
+    """TensorBoard's writer and, with --track, the W&B run; a new run also records its flags (a text table and
+    args.json). A resumed run drops what was logged after its checkpoint (no step logged twice or going back)."""
+    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
+    if resumed_at is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+        with open(os.path.join(run_dir, "args.json.tmp"), "w") as f:
+            json.dump(asdict(args), f, indent=2)
+        os.replace(os.path.join(run_dir, "args.json.tmp"), os.path.join(run_dir, "args.json"))
+    if not args.track:
+        return writer, None
+    import wandb
+
+    # Every scalar goes to W&B directly, under its TensorBoard name and against global_step (W&B's sync_tensorboard
+    # watches the event files and was seen to miss the last iterations of a run, or all of a short one). W&B's own
+    # files go to ./wandb (or $WANDB_DIR), outside runs/.
+    run_name = os.path.basename(os.path.abspath(run_dir))
+    run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, group=args.wandb_group,
+                     config=asdict(args), name=run_name, resume="allow", id=run_name)
+    run.define_metric("global_step")
+    run.define_metric("*", step_metric="global_step")
+    return writer, run
+
+
 def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render: bool = False, **overrides):
-    kwargs = dict(args.env_kwargs or {}, **overrides)
-    if args.env_id in envs.GENESIS_IDS:
-        kwargs["sim_device"] = "cpu" if args.sim_device == "cpu" else ("gpu" if args.sim_device == "cuda" else "auto")
-    else:
-        kwargs["vectorization_mode"] = args.vectorization_mode
-    if render:
-        kwargs["render_mode"] = "rgb_array"
     try:
-        return envs.make(args.env_id, num_envs=num_envs, seed=seed, device=device, **kwargs)
+        return envs.make(args.env_id, num_envs=num_envs, seed=seed, device=device, sim_device=args.sim_device,
+                         vectorization_mode=args.vectorization_mode, render_mode="rgb_array" if render else None,
+                         **{**(args.env_kwargs or {}), **overrides})
     except ValueError as error:  # an unknown id, or an option the task does not have or rejects
         flag = "--env-kwargs" if args.env_kwargs and not isinstance(error, envs.UnknownTaskError) else "--env-id"
         raise UsageError(f"{flag}: {error}") from None
 
 
 def build_agent(args: Args, vec, device: torch.device) -> tuple[RecurrentAgent, ObsNormalizer]:
-    obs_dim = vec.single_observation_space.shape[0]
-    space = vec.single_action_space
-    if args.action_transform == "tanh" and not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-        raise UsageError(f"--action-transform tanh needs finite action bounds; {args.env_id} has {space}")
-    agent = RecurrentAgent(
-        obs_dim, space.shape[0], args.rnn_type, args.rnn_hidden_size, args.rnn_layers, args.shared_trunk,
-        args.heads_see_obs, args.hidden_sizes, args.activation, args.init_log_std, space.low, space.high, args.action_transform,
-    ).to(device)
-    return agent, ObsNormalizer((obs_dim,)).to(device)
-
-
-def seed_everything(seed: int, deterministic: bool) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.backends.cudnn.deterministic = deterministic
+    agent = RecurrentAgent(args, vec.single_observation_space, vec.single_action_space).to(device)
+    return agent, ObsNormalizer(vec.single_observation_space.shape, args.norm_obs).to(device)
 
 
 def train(args: Args) -> dict:
@@ -659,68 +768,45 @@ def train(args: Args) -> dict:
     if args.resume:
         resume_from = args.resume
         checkpoint = load_checkpoint(resume_from, "--resume")
-        args = args_from_checkpoint(checkpoint)
-        args.resume = resume_from
+        args = dataclasses.replace(args_from_checkpoint(checkpoint), resume=resume_from)
     args = resolve_args(args)
     policy_device = pick_device(args.policy_device, "--policy-device")
-    if args.env_id in envs.GENESIS_IDS:
-        pick_device(args.sim_device, "--sim-device")
-    seed_everything(args.seed, args.torch_deterministic)
+    pick_device(args.sim_device, "--sim-device")
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
 
     vec = make_env(args, args.num_envs, args.seed, policy_device, render=args.capture_video)
     agent, obs_norm = build_agent(args, vec, policy_device)
     reward_scaler = RewardScaler(args.num_envs, args.gamma).to(policy_device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = make_optimizer(agent, args)
+    adaptive_lr = args.anneal_lr and args.lr_schedule == "adaptive_kl"
+    # Everything a checkpoint holds besides counters and the envs, saved and restored by the same names.
+    stateful = {"model": agent, "optimizer": optimizer, "obs_normalizer": obs_norm, "reward_scaler": reward_scaler}
 
     global_step, start_iteration = 0, 1
     next_obs_raw, _ = vec.reset(seed=args.seed)
     rnn_state = agent.initial_state(args.num_envs)  # the state entering the next step, per env
     next_start = torch.ones(args.num_envs, dtype=torch.bool, device=policy_device)  # next step starts an episode
-    if checkpoint is not None:
-        agent.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        obs_norm.load_state_dict(checkpoint["obs_normalizer"])
-        reward_scaler.load_state_dict(checkpoint["reward_scaler"])
+    if checkpoint is None:
+        obs_norm.update(next_obs_raw)
+    else:
+        for key, obj in stateful.items():
+            obj.load_state_dict(checkpoint[key])
         global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        np.random.set_state(("MT19937", checkpoint["rng"]["numpy"].numpy(), *checkpoint["rng"]["numpy_rest"]))
-        random.setstate(checkpoint["rng"]["python"])
-        if checkpoint.get("env") is not None:
+        torch.set_rng_state(checkpoint["torch_rng"])
+        if checkpoint["env"] is not None:  # the envs' state, and the policy's memory of their episodes
             vec.load_state_dict(checkpoint["env"])
-            next_obs_raw = checkpoint["next_obs_raw"].to(policy_device)
-            rnn_state = checkpoint["rnn_state"].to(policy_device)
-            next_start = checkpoint["next_start"].to(policy_device)
+            next_obs_raw, rnn_state, next_start = (checkpoint[key].to(policy_device)
+                                                   for key in ("next_obs_raw", "rnn_state", "next_start"))
         else:
             print("[resume] this task's env state was not saved: envs start from a fresh reset")
-    elif args.norm_obs:
-        obs_norm.update(next_obs_raw)
 
     try:  # only now, with the flags, the checkpoint and the env accepted: a rejected run leaves nothing behind
         run_dir = run_dir_of(args.resume) if checkpoint is not None else create_run_dir(args)
     except UsageError:
         vec.close()
         raise
-    if args.track:
-        import wandb
-
-        # Every scalar is logged to W&B directly, under its TensorBoard name and against global_step (W&B's
-        # sync_tensorboard watches the event files and was seen to miss the last iterations of a run, or all of a
-        # short one). W&B's own files go to ./wandb (or $WANDB_DIR), outside runs/.
-        run_name = os.path.basename(os.path.abspath(run_dir))
-        wandb.init(
-            project=args.wandb_project_name, entity=args.wandb_entity, group=args.wandb_group,
-            config=asdict(args), name=run_name, resume="allow", id=run_name,
-        )
-        wandb.define_metric("global_step")
-        wandb.define_metric("*", step_metric="global_step")
-    # A resumed run drops what was logged after its checkpoint, so no step is logged twice or goes backwards.
-    writer = SummaryWriter(run_dir, purge_step=global_step + 1 if checkpoint is not None else None)
-    if checkpoint is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-        with open(os.path.join(run_dir, "args.json.tmp"), "w") as f:
-            json.dump(asdict(args), f, indent=2)
-        os.replace(os.path.join(run_dir, "args.json.tmp"), os.path.join(run_dir, "args.json"))
+    writer, wandb_run = open_logs(args, run_dir, resumed_at=global_step if checkpoint is not None else None)
 
     T, N, K = args.num_steps, args.num_envs, args.bptt_len
     obs_dim, act_dim = vec.single_observation_space.shape[0], vec.single_action_space.shape[0]
@@ -731,41 +817,21 @@ def train(args: Args) -> dict:
     logprobs_buf, rewards_buf, values_buf = buf(), buf(), buf()
     terminated_buf, truncated_buf = buf(dtype=torch.bool), buf(dtype=torch.bool)
     ep_return_buf, ep_length_buf, ep_mask_buf, success_buf = buf(), buf(), buf(dtype=torch.bool), buf(dtype=torch.bool)
-    has_success = args.env_id in envs.GENESIS_IDS
+    has_success = False  # tasks with a success criterion report it in info["success"] (logged as a rate)
     recent_returns: list[float] = []
     history: list[dict] = []
-
-    stop_signal = None  # SIGINT (Ctrl-C) or SIGTERM (Slurm, Kubernetes, `timeout`): finish the iteration, save, exit
-
-    def request_stop(signum, frame):
-        nonlocal stop_signal
-        if stop_signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C aborts
-        if stop_signal is None:
-            print(f"\n{signal.Signals(signum).name}: finishing this iteration, then saving a checkpoint (Ctrl-C again "
-                  "aborts)", flush=True)
-            stop_signal = signum
 
     def checkpoint_state(iteration: int) -> dict:
         try:
             env_state = vec.state_dict()
         except NotImplementedError:
             env_state = None
-        np_state = np.random.get_state()
-        return {
-            "script": CHECKPOINT_KIND, "args": asdict(args), "model": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "obs_normalizer": obs_norm.state_dict(), "reward_scaler": reward_scaler.state_dict(),
-            "global_step": global_step, "iteration": iteration, "env": env_state, "next_obs_raw": next_obs_raw.cpu(),
-            "rnn_state": rnn_state.cpu(), "next_start": next_start.cpu(),
-            "rng": {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(np_state[1].copy()),
-                    "numpy_rest": tuple(np_state[2:]), "python": random.getstate()},
-        }
+        return {"script": CHECKPOINT_KIND, "args": asdict(args), "global_step": global_step, "iteration": iteration,
+                "torch_rng": torch.get_rng_state(), "env": env_state, "next_obs_raw": next_obs_raw.cpu(),
+                "rnn_state": rnn_state.cpu(), "next_start": next_start.cpu(),
+                **{key: obj.state_dict() for key, obj in stateful.items()}}
 
-    in_main_thread = threading.current_thread() is threading.main_thread()  # signals can only be set there
-    previous_handlers = {}
-    if in_main_thread:
-        previous_handlers = {signum: signal.signal(signum, request_stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    stop = StopSignal()
     progress = None
     if args.progress_bar:
         from tqdm import tqdm
@@ -773,13 +839,14 @@ def train(args: Args) -> dict:
         progress = tqdm(total=args.num_iterations, initial=start_iteration - 1, unit="it", dynamic_ncols=True)
     recorder = EpisodeRecorder()
     iteration = start_iteration - 1
-    next_obs = obs_norm(next_obs_raw) if args.norm_obs else next_obs_raw
+    next_obs = obs_norm(next_obs_raw)
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             # What the last completed iteration left: saved instead if the env fails during this rollout.
             last_completed = copy.deepcopy(checkpoint_state(iteration - 1))
-            if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+            if not adaptive_lr:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr_fraction(args, iteration) * group["initial_lr"]
             if args.capture_video and (iteration - 1) % args.video_interval == 0:
                 recorder.start()
             rollout_start = time.perf_counter()
@@ -790,7 +857,7 @@ def train(args: Args) -> dict:
                     obs_buf[step] = next_obs
                     rnn_state = rnn_state * ~next_start[:, None]
                     state_buf[step], starts_buf[step] = rnn_state, next_start
-                    action, logprob, value, rnn_state = agent.act(next_obs, rnn_state, next_start)
+                    action, logprob, _, value, rnn_state = agent.get_action_and_value(next_obs, rnn_state, next_start)
                     actions_buf[step], logprobs_buf[step], values_buf[step] = action, logprob, value
                     final_state_buf[step] = rnn_state
                     try:
@@ -801,19 +868,14 @@ def train(args: Args) -> dict:
                                            f"step {global_step + step * N}, iteration {iteration}") from error
                     done = terminated | truncated
                     next_start = done
-                    if args.norm_obs:
-                        obs_norm.update(next_obs_raw)
-                        next_obs = obs_norm(next_obs_raw)
-                        final_obs_buf[step] = obs_norm(info["final_obs"])
-                    else:
-                        next_obs = next_obs_raw
-                        final_obs_buf[step] = info["final_obs"]
+                    obs_norm.update(next_obs_raw)
+                    next_obs, final_obs_buf[step] = obs_norm(next_obs_raw), obs_norm(info["final_obs"])
                     rewards_buf[step] = reward
                     terminated_buf[step], truncated_buf[step] = terminated, truncated
                     episode = info["episode"]
                     ep_return_buf[step], ep_length_buf[step], ep_mask_buf[step] = episode["r"], episode["l"], episode["mask"]
-                    if has_success:
-                        success_buf[step] = info["success"]
+                    if "success" in info:
+                        has_success, success_buf[step] = True, info["success"]
                     for name, term in info.get("reward_terms", {}).items():
                         reward_term_sums[name] = reward_term_sums.get(name, 0.0) + term.mean()
                     sim_errors += info["sim_errors"].sum()
@@ -821,8 +883,10 @@ def train(args: Args) -> dict:
                         path = os.path.join(run_dir, "videos", f"train_{global_step + (step + 1) * N}.mp4")
                         if recorder.step(vec, done, path):
                             print(f"saved {path}")
-                            if args.track:
-                                wandb.log({"videos/train": wandb.Video(path, format="mp4"), "global_step": global_step})
+                            if wandb_run is not None:
+                                import wandb
+
+                                wandb_run.log({"videos/train": wandb.Video(path, format="mp4"), "global_step": global_step})
 
                 # Bootstrap values read the carried state without advancing it: the next rollout continues
                 # from rnn_state exactly as if this iteration's update had not happened in between.
@@ -840,30 +904,15 @@ def train(args: Args) -> dict:
             rollout_time = time.perf_counter() - rollout_start
 
             update_start = time.perf_counter()
-
-            def to_sequences(x: torch.Tensor) -> torch.Tensor:
-                """(T, N, ...) -> (K, T/K * N, ...): sequence c * N + n holds env n's steps cK .. cK + K - 1."""
-                return x.view(T // K, K, N, *x.shape[2:]).transpose(0, 1).reshape(K, args.num_sequences, *x.shape[2:])
-
-            s_obs, s_actions, s_starts = to_sequences(obs_buf), to_sequences(actions_buf), to_sequences(starts_buf)
-            s_logprobs, s_values = to_sequences(logprobs_buf), to_sequences(values_buf)
-            s_advantages, s_returns = to_sequences(advantages), to_sequences(returns)
+            s_obs, s_actions, s_starts, s_logprobs, s_values, s_advantages, s_returns = (
+                to_sequences(x, K) for x in (obs_buf, actions_buf, starts_buf, logprobs_buf, values_buf, advantages, returns))
             s_states = state_buf[::K].reshape(args.num_sequences, agent.state_size)
             sequences_per_minibatch = args.num_sequences // args.num_minibatches
             stat_sums: dict[str, torch.Tensor] = {}
-            first_minibatch: dict[str, torch.Tensor] = {}
             num_updates, epochs_done = 0, 0
             for epoch in range(args.update_epochs):
-                if args.recompute_hidden and epoch > 0:
-                    # The stored states came from the rollout's weights; rerun each env's rollout with the
-                    # current ones (no grad, T/K fused calls) so the sequences start where this policy would be.
-                    with torch.no_grad():
-                        state, chunk_states = state_buf[0], []
-                        for chunk in range(T // K):
-                            chunk_states.append(state)
-                            steps = slice(chunk * K, (chunk + 1) * K)
-                            _, _, state = agent.features(obs_buf[steps], state, starts_buf[steps])
-                        s_states = torch.stack(chunk_states).reshape(args.num_sequences, agent.state_size)
+                if args.recompute_hidden and epoch > 0:  # the stored states came from the rollout's weights
+                    s_states = agent.sequence_start_states(obs_buf, state_buf[0], starts_buf, K)
                 permutation = torch.randperm(args.num_sequences, device=policy_device)
                 for start in range(0, args.num_sequences, sequences_per_minibatch):
                     idx = permutation[start : start + sequences_per_minibatch]
@@ -871,79 +920,59 @@ def train(args: Args) -> dict:
                         agent, s_obs[:, idx], s_actions[:, idx], s_states[idx], s_starts[:, idx], s_logprobs[:, idx],
                         s_advantages[:, idx], s_returns[:, idx], s_values[:, idx], args,
                     )
-                    if num_updates == 0:
-                        first_minibatch = {"ratio_max_dev": stats["ratio_max_dev"], "approx_kl": stats["approx_kl"]}
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    if num_updates == 0:  # logged once per iteration: measure them once
-                        first_grad_norms = grad_norms(agent)
+                    if num_updates == 0:  # once per iteration: the policy that acted, and its gradients
+                        first_minibatch = {"debug/first_minibatch_ratio_max_dev": stats["ratio_max_dev"],
+                                           **{f"gradients/{k}": v for k, v in grad_norms(agent).items()}}
                     stats["grad_norm_total"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
-                    if args.adaptive_kl:
-                        kl = stats["approx_kl"].item()
-                        lr = optimizer.param_groups[0]["lr"]
-                        if kl > 2.0 * args.adaptive_kl:
-                            lr = max(1e-5, lr / 1.5)
-                        elif kl < 0.5 * args.adaptive_kl:
-                            lr = min(1e-2, lr * 1.5)
-                        optimizer.param_groups[0]["lr"] = lr
+                    if adaptive_lr:
+                        adapt_lr(optimizer, stats["approx_kl"].item(), args.desired_kl)
                     for key, value in stats.items():
                         stat_sums[key] = stat_sums.get(key, 0.0) + value
                     num_updates += 1
                 epochs_done = epoch + 1
-                if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:
+                if args.target_kl and stats["approx_kl"].item() > args.target_kl:
                     break
             update_time = time.perf_counter() - update_start
 
-            # One host transfer per iteration for everything that is logged.
+            # Logged: what shows a failing run (DESIGN.md §4), nothing derivable; one host transfer per iteration.
             with torch.no_grad():
                 b_values, b_advantages, b_returns = values_buf.flatten(), advantages.flatten(), returns.flatten()
                 var_returns = b_returns.var()
                 scalars = {f"losses/{k}": v / num_updates for k, v in stat_sums.items() if k != "ratio_max_dev"}
                 scalars.update({
                     "losses/explained_variance": 1 - (b_returns - b_values).var() / var_returns,
-                    "debug/first_minibatch_ratio_max_dev": first_minibatch["ratio_max_dev"],
-                    "debug/first_minibatch_approx_kl": first_minibatch["approx_kl"],
                     "policy/action_std": agent.actor_logstd.exp().mean(),
-                    "policy/action_std_min": agent.actor_logstd.exp().min(),
-                    "policy/action_std_max": agent.actor_logstd.exp().max(),
                     "values/mean": b_values.mean(), "values/std": b_values.std(),
-                    "values/returns_mean": b_returns.mean(), "values/returns_variance": var_returns,
+                    "values/returns_variance": var_returns,
                     "advantages/mean": b_advantages.mean(), "advantages/std": b_advantages.std(),
                     "env/sim_errors": sim_errors, "policy/rnn_state_rms": state_buf.square().mean().sqrt(),
                 })
                 scalars.update({f"reward_terms/{k}": v / T for k, v in reward_term_sums.items()})
-                scalars.update({f"gradients/{k}": v for k, v in first_grad_norms.items()})
-                finished_returns = ep_return_buf[ep_mask_buf]
-                finished_lengths = ep_length_buf[ep_mask_buf]
-                finished_success = success_buf[ep_mask_buf]
-            names = list(scalars)
-            values = torch.stack([torch.as_tensor(scalars[k], dtype=torch.float64).to(policy_device) for k in names])
-            metrics = dict(zip(names, values.cpu().tolist()))
-            finished_returns, finished_lengths = finished_returns.cpu().tolist(), finished_lengths.cpu().tolist()
-            for episode_return, episode_length in zip(finished_returns, finished_lengths):
+                scalars.update(first_minibatch)
+                if has_success:
+                    scalars["charts/success_rate"] = success_buf[ep_mask_buf].float().mean()
+                finished = torch.stack([ep_return_buf[ep_mask_buf], ep_length_buf[ep_mask_buf]]).cpu().tolist()
+            metrics = dict(zip(scalars, torch.stack([torch.as_tensor(v, dtype=torch.float64).to(policy_device)
+                                                     for v in scalars.values()]).cpu().tolist()))
+            metrics.update({"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/update_epochs_done": epochs_done,
+                            "charts/SPS": T * N / (rollout_time + update_time), "time/rollout_s": rollout_time,
+                            "time/update_s": update_time})
+            if not finished[0]:
+                metrics.pop("charts/success_rate", None)  # no episode ended: no rate (the mean of nothing is NaN)
+            for key, value in metrics.items():
+                writer.add_scalar(key, value, global_step)
+            for episode_return, episode_length in zip(*finished):
                 # One point per episode, as CleanRL logs them: benchmarks reduce over the last 100 episodes.
                 writer.add_scalar("charts/episodic_return", episode_return, global_step)
                 writer.add_scalar("charts/episodic_length", episode_length, global_step)
-            if finished_returns:
-                recent_returns = (recent_returns + finished_returns)[-100:]
-                metrics["charts/episodic_return_std"] = float(np.std(finished_returns))
-                metrics["charts/episodes"] = len(finished_returns)
-                if has_success:
-                    metrics["charts/success_rate"] = float(finished_success.float().mean())
-            iteration_time = rollout_time + update_time
-            metrics.update({
-                "charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/SPS": T * N / iteration_time,
-                "charts/update_epochs_done": epochs_done, "time/rollout_s": rollout_time, "time/update_s": update_time,
-                "time/rollout_fraction": rollout_time / iteration_time,
-            })
-            for key, value in metrics.items():
-                writer.add_scalar(key, value, global_step)
-            if finished_returns:  # in the summary only: the event file has every episode
-                metrics["charts/episodic_return"] = float(np.mean(finished_returns))
-                metrics["charts/episodic_length"] = float(np.mean(finished_lengths))
-            if args.track:  # one row per iteration: episodes as their mean, every other scalar as in TensorBoard
-                wandb.log({**metrics, "global_step": global_step})
+            if finished[0]:  # in the summary and W&B as their mean: the event file has every episode
+                recent_returns = (recent_returns + finished[0])[-100:]
+                metrics["charts/episodic_return"], metrics["charts/episodic_length"] = map(np.mean, finished)
+            if wandb_run is not None:
+                wandb_run.log({**metrics, "global_step": global_step})
             history.append({"iteration": iteration, "global_step": global_step, **metrics})
             if progress is not None:
                 progress.update(1)
@@ -953,9 +982,9 @@ def train(args: Args) -> dict:
                 if "charts/success_rate" in metrics:
                     postfix["success"] = f"{metrics['charts/success_rate']:.2f}"
                 progress.set_postfix(postfix)
-            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stop_signal:
+            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stop.signum:
                 save_checkpoint(run_dir, checkpoint_state(iteration))
-            if stop_signal:
+            if stop.signum:
                 break
     except EnvStepError as error:
         path = save_checkpoint(run_dir, last_completed)
@@ -965,14 +994,13 @@ def train(args: Args) -> dict:
                            f"iteration ({last_completed['iteration']}) is saved: fix the env, then --resume {path}"
                            ) from None
     finally:
-        for signum, handler in previous_handlers.items():
-            signal.signal(signum, handler)
+        stop.restore()
         if progress is not None:
             progress.close()
         writer.close()
         vec.close()
-        if args.track:
-            wandb.finish()
+        if wandb_run is not None:
+            wandb_run.finish()
     return {
         "run_dir": run_dir,
         "checkpoint": os.path.join(run_dir, "checkpoint.pt"),
@@ -980,7 +1008,7 @@ def train(args: Args) -> dict:
         "iteration": iteration,
         "mean_recent_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
         "history": history,
-        "stopped_by": stop_signal,  # the signal that stopped the run early, or None
+        "stopped_by": stop.signum,  # the signal that stopped the run early, or None
     }
 
 
@@ -993,20 +1021,17 @@ def evaluate(
     each env's hidden state across steps and zeroing it when an episode starts.
 
     The episodes are spread evenly over the envs and each env's first ones count, so short episodes are not
-    over-counted. Genesis tasks start every episode fresh (no staggering); the targets are new draws from a seed
-    the training never used.
+    over-counted. Every episode starts fresh (no staggered first episodes); the tasks draw from a seed the training
+    never used.
     """
     if episodes < 1:
         raise UsageError(f"--eval-episodes must be at least 1, got {episodes}")
     checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
-    args = args_from_checkpoint(checkpoint)
-    args.sim_device = sim_device
+    args = dataclasses.replace(args_from_checkpoint(checkpoint), sim_device=sim_device)
     policy_device = pick_device(device, "--policy-device")
-    genesis = args.env_id in envs.GENESIS_IDS
-    num_envs = min(episodes, 1024 if genesis else 16)
+    num_envs = min(episodes, max(16, args.num_envs))
     quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
-    overrides = {"stagger_episodes": False} if genesis else {}
-    vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, **overrides)
+    vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, stagger_episodes=False)
     agent, obs_norm = build_agent(args, vec, policy_device)
     agent.load_state_dict(checkpoint["model"])
     obs_norm.load_state_dict(checkpoint["obs_normalizer"])
@@ -1015,38 +1040,50 @@ def evaluate(
     starts = torch.ones(num_envs, dtype=torch.bool, device=policy_device)
     returns = [[] for _ in range(num_envs)]
     successes = [[] for _ in range(num_envs)]
-    frames = [] if capture_video else None
+    recorder, video = EpisodeRecorder(), os.path.join(run_dir_of(checkpoint_path), "videos", "eval.mp4")
+    if capture_video:
+        recorder.start(vec)
     while any(len(r) < q for r, q in zip(returns, quota)):
-        action, state = agent.mean_action(obs_norm(obs) if args.norm_obs else obs, state, starts)
+        action, state = agent.mean_action(obs_norm(obs), state, starts)
         obs, _, terminated, truncated, info = vec.step(action)
         starts = terminated | truncated
-        if frames is not None and len(returns[0]) == 0:
-            frames.append(vec.render())
+        if capture_video:
+            recorder.step(vec, terminated | truncated, video)
         episode = info["episode"]
         for i in episode["mask"].nonzero().flatten().tolist():
             if len(returns[i]) < quota[i]:
                 returns[i].append(float(episode["r"][i]))
-                if genesis:
+                if "success" in info:
                     successes[i].append(bool(info["success"][i]))
     vec.close()
     flat_returns = [r for env_returns in returns for r in env_returns]
     result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
               "std_return": float(np.std(flat_returns))}
-    if genesis:
+    if any(successes):
         result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
-    if frames:
-        run_dir = os.path.dirname(os.path.abspath(checkpoint_path)) if not os.path.isdir(checkpoint_path) else checkpoint_path
-        result["video"] = os.path.join(run_dir, "videos", "eval.mp4")
-        write_video(frames, result["video"])
+    if capture_video:
+        result["video"] = video
     print(json.dumps(result))
     return result
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """The flags on top of the chosen task's settings, so that `--env-id X --help` shows what will run."""
+    argv = sys.argv[1:] if argv is None else argv
+    env_id = Args.env_id
+    for i, flag in enumerate(argv):
+        if flag == "--env-id" and i + 1 < len(argv):
+            env_id = argv[i + 1]
+        elif flag.startswith("--env-id="):
+            env_id = flag.split("=", 1)[1]
+    return tyro.cli(Args, args=argv, default=task_args(env_id))
 
 
 def cli(argv: list[str] | None = None) -> None:
     """Trains, or evaluates --eval-checkpoint. Bad input ends with one line naming the flag and the fix (exit status
     2); a failing env with one line and exit status 1; a run stopped by SIGINT or SIGTERM, once its checkpoint is
     saved, with 128 + the signal's number, as a shell reports a signalled process."""
-    args = tyro.cli(Args, args=argv)
+    args = parse_args(argv)
     try:
         if args.eval_checkpoint:
             evaluate(args.eval_checkpoint, args.eval_episodes, args.capture_video,

@@ -20,6 +20,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
+import dataclasses
 import importlib
 
 import numpy as np
@@ -49,11 +50,11 @@ class Args:
 def measure(script: str, env_id: str, num_envs: int, num_steps: int | None, iterations: int) -> dict:
     """Training SPS of `script` (median over iterations after the first) and the share of time in the rollout."""
     module = importlib.import_module(script)
-    resolved = module.resolve_args(module.Args(env_id=env_id, num_envs=num_envs, num_steps=num_steps))
-    train_args = module.Args(
-        env_id=env_id, num_envs=num_envs, num_steps=resolved.num_steps, progress_bar=False, exp_name="throughput",
-        total_timesteps=iterations * resolved.batch_size, checkpoint_interval=10**9,
-    )
+    steps = {"num_steps": num_steps} if num_steps else {}  # else the task's own
+    train_args = module.task_args(env_id, num_envs=num_envs, progress_bar=False, exp_name="throughput",
+                                  checkpoint_interval=10**9, **steps)
+    resolved = module.resolve_args(dataclasses.replace(train_args))
+    train_args.total_timesteps = iterations * resolved.batch_size
     threads = torch.get_num_threads()  # a script may set its own (--torch-threads): not for the next one
     with tempfile.TemporaryDirectory() as tmp:
         cwd = os.getcwd()
@@ -66,7 +67,8 @@ def measure(script: str, env_id: str, num_envs: int, num_steps: int | None, iter
     return {
         "num_steps": resolved.num_steps,
         "train_sps": float(np.median([h["charts/SPS"] for h in history[1:]])),
-        "rollout_fraction": float(np.median([h["time/rollout_fraction"] for h in history[1:]])),
+        "rollout_fraction": float(np.median([h["time/rollout_s"] / (h["time/rollout_s"] + h["time/update_s"])
+                                             for h in history[1:]])),
     }
 
 

@@ -15,7 +15,6 @@ Nothing here knows about PPO: observation/reward normalisation and action clippi
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import re
 
@@ -47,26 +46,33 @@ def make(
     seed: int = 0,
     device: str | torch.device = "cpu",
     vectorization_mode: str = "sync",
+    sim_device: str = "auto",
+    stagger_episodes: bool = True,
     **env_kwargs,
 ):
     """A batch of `num_envs` envs of `env_id` whose tensors live on `device`.
 
+    Every task takes every option here, so callers need not know which kind of task they make; each option
+    means something to one kind and is ignored by the other:
     vectorization_mode: "sync" steps Gymnasium envs in this process, "async" in one subprocess each
     (worth it for many slow envs); natively batched tasks (FrankaReach-v0) ignore it.
-    env_kwargs go to the task (for FrankaReach-v0: sim_device="cpu"|"gpu"|"auto", decimation, ...).
+    sim_device: where a natively batched (Genesis) task simulates: "cpu", "gpu" (or "cuda"), "auto" (the GPU when
+    torch sees one); Gymnasium tasks always step on the CPU.
+    stagger_episodes: natively batched tasks spread their first episodes' lengths (decorrelated batches for
+    training; evaluation turns it off); Gymnasium envs are not staggered.
+    env_kwargs go to the task (for FrankaReach-v0: decimation, ...).
     """
     if not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
     torch_device(device)
     try:
         spec = gym.spec(env_id)
-    except gym.error.Error as error:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
-        hint = f"; did you mean {' or '.join(close)}?" if close else "; see README.md for the task list"
-        raise UnknownTaskError(f"unknown env id {env_id!r} ({error}){hint}") from None
+    except gym.error.Error as error:  # Gymnasium's message suggests close names ("Did you mean: ...")
+        raise UnknownTaskError(f"unknown env id {env_id!r}: {error}; README.md lists the tasks") from None
     try:
         if spec.vector_entry_point is not None and spec.entry_point is None:
-            return gym.make_vec(env_id, num_envs=num_envs, seed=seed, device=device, **env_kwargs)
+            return gym.make_vec(env_id, num_envs=num_envs, seed=seed, device=device, sim_device=sim_device,
+                                stagger_episodes=stagger_episodes, **env_kwargs)
         return GymnasiumVecEnv(env_id, num_envs, seed, device, vectorization_mode, **env_kwargs)
     except TypeError as error:
         unknown = re.search(r"unexpected keyword argument '(\w+)'", str(error))

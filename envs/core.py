@@ -27,6 +27,13 @@ class EpisodeTracker:
         self.clear(done)
         return episode
 
+    def state_dict(self) -> dict:
+        return {"returns": self.returns.cpu(), "lengths": self.lengths.cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.returns.copy_(state["returns"])
+        self.lengths.copy_(state["lengths"])
+
     def clear(self, mask: torch.Tensor | None = None) -> None:
         if mask is None:
             self.returns.zero_()
@@ -47,6 +54,15 @@ def torch_device(device: torch.device | str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={str(device)!r} but torch sees no CUDA GPU; use device='cpu'")
     return device
+
+
+def reset_seed(env, seed: int | None) -> int | None:
+    """The seed for `env.reset(seed)`: the first reset uses the seed `env` was made with, later ones continue its
+    RNG unless given one."""
+    if seed is None and not env.seeded:
+        seed = env.seed
+    env.seeded = True
+    return seed
 
 
 def as_bool_mask(reset_mask, num_envs: int) -> torch.Tensor:
@@ -90,8 +106,6 @@ class GymnasiumVecEnv:
     ):
         if max_abs_value is not None and not max_abs_value > 0:
             raise ValueError(f"max_abs_value must be positive (or None), got {max_abs_value!r}")
-        if vectorization_mode not in ("sync", "async"):
-            raise ValueError(f"vectorization_mode must be 'sync' or 'async', got {vectorization_mode!r}")
         if render_mode is not None:
             env_kwargs["render_mode"] = render_mode
         self.env = gym.make_vec(
@@ -119,7 +133,7 @@ class GymnasiumVecEnv:
         self._max_abs = float(max_abs_value) if max_abs_value is not None else largest
         self._max_square_sum = min(self._max_abs, 1e154) ** 2 if max_abs_value is not None else largest
         self.episodes = EpisodeTracker(num_envs, self.device)
-        self._seeded = False
+        self.seeded = False
         self._last_obs: np.ndarray | None = None
 
     def _tensor(self, array: np.ndarray, dtype=torch.float32) -> torch.Tensor:
@@ -128,9 +142,7 @@ class GymnasiumVecEnv:
     def reset(self, seed: int | None = None, options: dict | None = None):
         """Resets every env, or only those in `options["reset_mask"]`; the first reset uses the seed of `make`."""
         options = dict(options or {})
-        if seed is None and not self._seeded:
-            seed = self.seed
-        self._seeded = True
+        seed = reset_seed(self, seed)
         mask = None
         if "reset_mask" in options:
             mask = as_bool_mask(options["reset_mask"], self.num_envs)
@@ -209,8 +221,7 @@ class GymnasiumVecEnv:
         return {
             "envs": per_env,
             "last_obs": torch.from_numpy(np.asarray(self._last_obs)),
-            "returns": self.episodes.returns.cpu(),
-            "lengths": self.episodes.lengths.cpu(),
+            "episodes": self.episodes.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -230,9 +241,8 @@ class GymnasiumVecEnv:
                 if steps is not None:
                     wrapper._elapsed_steps = steps
         self._last_obs = state["last_obs"].numpy().copy()
-        self.episodes.returns.copy_(state["returns"])
-        self.episodes.lengths.copy_(state["lengths"])
-        self._seeded = True
+        self.episodes.load_state_dict(state["episodes"])
+        self.seeded = True
 
     def render(self) -> np.ndarray:
         """The RGB frame of env 0 (make the env with render_mode="rgb_array")."""

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from envs.core import MAX_ABS_VALUE, EpisodeTracker, as_bool_mask, torch_device
+from envs.core import MAX_ABS_VALUE, EpisodeTracker, as_bool_mask, reset_seed, torch_device
 
 # From Genesis's own Franka examples (examples/tutorials/control_your_robot.py, manipulation examples).
 HOME_QPOS = (0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785, 0.04, 0.04)  # 7 arm joints, 2 fingers (open)
@@ -117,7 +117,6 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
             "joint_velocity": joint_velocity_weight,
         }
         self.render_mode = render_mode
-        self.dt = sim_dt * decimation  # the agent's time step, in seconds
 
         # FrankaReachNoVel-v0 drops the joint and end-effector velocities: a policy must infer them from memory.
         self.observe_velocities = observe_velocities
@@ -168,8 +167,7 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
         self.target_pos = torch.zeros(num_envs, 3, device=sim)
         self.episode_step = torch.zeros(num_envs, dtype=torch.int64, device=sim)
         self.episodes = EpisodeTracker(num_envs, self.device)
-        self.sim_error_count = 0  # envs truncated and reset after a solver error or non-finite state
-        self._seeded = False
+        self.seeded = False
 
     # ------------------------------------------------------------------ reset
     def _uniform(self, n: int, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
@@ -192,13 +190,11 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
 
     def reset(self, seed: int | None = None, options: dict | None = None):
         """Resets every env, or only those in `options["reset_mask"]`; the first reset uses the seed of `make`."""
-        if seed is None and not self._seeded:
-            seed = self.seed
+        first = not self.seeded
+        seed = reset_seed(self, seed)
         if seed is not None:
             self.generator.manual_seed(seed)
             self.single_action_space.seed(seed)
-        first = not self._seeded
-        self._seeded = True
         import genesis as gs
 
         if options and "reset_mask" in options:
@@ -229,13 +225,6 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
         obs = torch.cat(parts, dim=-1)
         return obs, qd, to_target.norm(dim=-1)
 
-    def _clear_failed(self, failed: torch.Tensor) -> None:
-        """Puts envs whose solver failed back at home (clearing Genesis's per-env error flag) mid-step."""
-        idx = failed.nonzero().squeeze(-1)
-        qpos = self.home_qpos.repeat(len(idx), 1)
-        self.robot.set_dofs_position(qpos, envs_idx=idx, zero_velocity=True)
-        self.robot.control_dofs_position(qpos, envs_idx=idx)
-
     def _send_command(self) -> None:
         """Arm joints track `arm_target`; the fingers are held open."""
         fingers = self.home_qpos[NUM_ARM_JOINTS:].expand(self.num_envs, 2)
@@ -259,8 +248,8 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
             # Genesis checks its error flags every few substeps and raises for the whole batch: clear
             # failed envs right away and truncate them below instead.
             step_failed = self._rigid_solver.get_error_envs_mask()
-            if step_failed.any():
-                self._clear_failed(step_failed)
+            if step_failed.any():  # a new episode at once (clearing Genesis's per-env error flag)
+                self._reset_envs(step_failed.nonzero().squeeze(-1))
                 failed |= step_failed
 
         action_rate = (action - self.prev_action).square().sum(-1)
@@ -288,8 +277,6 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
             self._reset_envs(truncated.nonzero().squeeze(-1))
             obs = self._observe()[0]
         self._last_obs = obs
-        if failed.any():
-            self.sim_error_count += int(failed.sum())
 
         out = self.device
         truncated = truncated.to(out)
@@ -314,9 +301,7 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
             "episode_step": self.episode_step.cpu(),
             "generator": self.generator.get_state(),
             "last_obs": self._last_obs.cpu(),
-            "returns": self.episodes.returns.cpu(),
-            "lengths": self.episodes.lengths.cpu(),
-            "sim_error_count": self.sim_error_count,
+            "episodes": self.episodes.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -331,10 +316,8 @@ class FrankaReachVecEnv(gym.vector.VectorEnv):
         self._send_command()
         self.generator.set_state(state["generator"])
         self._last_obs = state["last_obs"].to(gs.device)
-        self.episodes.returns.copy_(state["returns"])
-        self.episodes.lengths.copy_(state["lengths"])
-        self.sim_error_count = state["sim_error_count"]
-        self._seeded = True
+        self.episodes.load_state_dict(state["episodes"])
+        self.seeded = True
 
     def render(self) -> np.ndarray:
         """RGB frame of env 0 (make the env with render_mode="rgb_array")."""

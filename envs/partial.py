@@ -55,22 +55,12 @@ def variants():
             yield _variant_id(base, "-P"), base, positions
 
 
-class ObservationSubset(gym.ObservationWrapper):
-    """Keeps only the observation entries at `keep` (in order)."""
-
-    def __init__(self, env: gym.Env, keep):
-        super().__init__(env)
-        self.keep = np.asarray(keep, dtype=np.int64)
-        space = env.observation_space
-        self.observation_space = gym.spaces.Box(space.low[self.keep], space.high[self.keep], dtype=space.dtype)
-
-    def observation(self, observation):
-        return observation[self.keep]
-
-
 def make_variant(base_id: str, keep, **kwargs) -> gym.Env:
-    """Gymnasium entry point of every variant: the base task with a fixed observation subset."""
-    return ObservationSubset(gym.make(base_id, **kwargs), keep)
+    """Gymnasium entry point of every variant: the base task with a fixed observation subset (in order)."""
+    env, keep = gym.make(base_id, **kwargs), np.asarray(keep, dtype=np.int64)
+    space = env.observation_space
+    subset = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
+    return gym.wrappers.TransformObservation(env, lambda observation: observation[keep], subset)
 
 
 def register_variants() -> None:

@@ -23,8 +23,11 @@ class EpisodeRecorder:
     def __init__(self, fps: float = 30):
         self.fps, self.pending, self.frames = fps, False, None
 
-    def start(self) -> None:
-        if self.frames is None:
+    def start(self, vec=None) -> None:
+        """With `vec` (just reset): record from now on, so the video is env 0's current episode."""
+        if vec is not None:
+            self.pending, self.frames = False, [vec.render()]
+        elif self.frames is None:
             self.pending = True
 
     def step(self, vec, done, path: str) -> str | None:

@@ -20,7 +20,7 @@ from envs import EpisodeTracker
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("ppo_continuous", "ppo_recurrent", "ppo_transformer")
-TIMING_KEYS = ("charts/SPS", "time/rollout_s", "time/update_s", "time/rollout_fraction")
+TIMING_KEYS = ("charts/SPS", "time/rollout_s", "time/update_s")
 
 
 def metrics_without_timing(history: list[dict]) -> list[dict]:
@@ -58,6 +58,11 @@ def naive_gae(rewards, values, last_value, final_values, terminated, truncated, 
     return advantages
 
 
+def spaces(obs_dim: int, act_dim: int, low: float, high: float) -> tuple[gym.spaces.Box, gym.spaces.Box]:
+    """An observation and an action space of these sizes (what an agent is built from)."""
+    return gym.spaces.Box(-np.inf, np.inf, (obs_dim,)), gym.spaces.Box(low, high, (act_dim,))
+
+
 # ---------------------------------------------------------------- one adapter per script
 class Script:
     """Calls one script's agent and loss the same way for every script: single steps from a fresh episode
@@ -77,9 +82,26 @@ class Script:
     def __repr__(self):
         return self.name
 
+    #: the agent's acting (and scoring) method, as CleanRL names it, and where its `action` argument is
+    act_method = "get_action_and_value"
+    action_position: int
+
+    def act_outputs(self, outputs: tuple) -> tuple:
+        """get_action_and_value's outputs as (action, log-prob, value, ...memory after the step)."""
+        action, logprob, _, value, *memory = outputs
+        return (action, logprob, value, *memory)
+
+    def samples(self, act_inputs: tuple) -> bool:
+        """Whether a call of the acting method with these arguments samples actions (else it scores given ones)."""
+        return len(act_inputs) <= self.action_position or act_inputs[self.action_position] is None
+
     def args(self, **overrides):
-        # the tests' recorded numbers and hand-built agents are on the CPU; a GPU machine would otherwise pick cuda
-        return self.module.Args(**{"policy_device": "cpu", "sim_device": "cpu", **self.small, **overrides})
+        """The task's settings (its preset) with the tiny run's sizes and `overrides` on top. The tests' recorded
+        numbers and hand-built agents are on the CPU; a GPU machine would otherwise pick cuda."""
+        flags = {"policy_device": "cpu", "sim_device": "cpu", **self.small, **overrides}
+        if hasattr(self.module, "task_args"):
+            return self.module.task_args(flags.pop("env_id"), **flags)
+        return self.module.Args(**flags)
 
     def make_agent(self, obs_dim=3, act_dim=2, low=-1.0, high=1.0, transform="clip", init_log_std=0.0, seed=0):
         raise NotImplementedError
@@ -115,14 +137,17 @@ class MLPScript(Script):
 
     def make_agent(self, obs_dim=3, act_dim=2, low=-1.0, high=1.0, transform="clip", init_log_std=0.0, seed=0):
         torch.manual_seed(seed)
-        return self.module.Agent(obs_dim, act_dim, (16,), "tanh", init_log_std, np.full(act_dim, low),
-                                 np.full(act_dim, high), transform)
+        args = self.module.Args(hidden_sizes=(16,), activation="tanh", init_log_std=init_log_std,
+                                action_transform=transform)
+        return self.module.Agent(args, *spaces(obs_dim, act_dim, low, high))
+
+    action_position = 1
 
     def act(self, agent, obs):
-        return agent.act(obs)
+        return self.act_outputs(agent.get_action_and_value(obs))
 
     def evaluate(self, agent, obs, actions):
-        return agent.evaluate(obs, actions)
+        return agent.get_action_and_value(obs, actions)[1:]
 
     def mean(self, agent, obs):
         return agent.actor_mean(obs)
@@ -143,21 +168,25 @@ class RecurrentScript(Script):
     memory_keys = ("rnn_state", "next_start")
     genesis = dict(env_id="FrankaReachNoVel-v0", bptt_len=0)  # whole-rollout sequences, staggered episode starts
 
+    action_position = 3
+
     def make_agent(self, obs_dim=3, act_dim=2, low=-1.0, high=1.0, transform="clip", init_log_std=0.0, seed=0):
         torch.manual_seed(seed)
-        return self.module.RecurrentAgent(obs_dim, act_dim, "gru", 8, 1, False, False, (16,), "tanh", init_log_std,
-                                          np.full(act_dim, low), np.full(act_dim, high), transform)
+        args = self.module.Args(rnn_type="gru", rnn_hidden_size=8, rnn_layers=1, shared_trunk=False,
+                                heads_see_obs=False, hidden_sizes=(16,), activation="tanh", init_log_std=init_log_std,
+                                action_transform=transform)
+        return self.module.RecurrentAgent(args, *spaces(obs_dim, act_dim, low, high))
 
     @staticmethod
     def _fresh(agent, obs):
         return agent.initial_state(obs.shape[0]), torch.ones(obs.shape[0], dtype=torch.bool)
 
     def act(self, agent, obs):
-        return agent.act(obs, *self._fresh(agent, obs))[:3]
+        return self.act_outputs(agent.get_action_and_value(obs, *self._fresh(agent, obs)))[:3]
 
     def evaluate(self, agent, obs, actions):
         state, starts = self._fresh(agent, obs)
-        logprob, entropy, value = agent.evaluate(obs[None], actions[None], state, starts[None])
+        _, logprob, entropy, value, _ = agent.get_action_and_value(obs[None], state, starts[None], actions[None])
         return logprob[0], entropy[0], value[0]
 
     def mean(self, agent, obs):
@@ -186,10 +215,10 @@ class TransformerScript(Script):
 
     def make_agent(self, obs_dim=3, act_dim=2, low=-1.0, high=1.0, transform="clip", init_log_std=0.0, seed=0):
         torch.manual_seed(seed)
-        args = self.module.resolve_args(self.module.Args(
-            env_id="PendulumNoVel-v1", token_dim=8, num_heads=2, num_layers=1, context_len=3, num_tokens=2,
+        args = self.module.resolve_args(self.module.task_args(
+            "PendulumNoVel-v1", token_dim=8, num_heads=2, num_layers=1, context_len=3, num_tokens=2,
             hidden_sizes=(16,), init_log_std=init_log_std, action_transform=transform, critic="shared"))
-        return self.module.TransformerAgent(obs_dim, act_dim, args, np.full(act_dim, low), np.full(act_dim, high))
+        return self.module.TransformerAgent(args, *spaces(obs_dim, act_dim, low, high))
 
     @staticmethod
     def _window(agent, obs):
@@ -199,11 +228,13 @@ class TransformerScript(Script):
         valid[:, -1] = True
         return windows, valid
 
+    action_position = 2
+
     def act(self, agent, obs):
-        return agent.act(*self._window(agent, obs))
+        return self.act_outputs(agent.get_action_and_value(*self._window(agent, obs)))
 
     def evaluate(self, agent, obs, actions):
-        return agent.evaluate(*self._window(agent, obs), actions)
+        return agent.get_action_and_value(*self._window(agent, obs), actions)[1:]
 
     def mean(self, agent, obs):
         return agent.actor_mean(agent.features(*self._window(agent, obs)))

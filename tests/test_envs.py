@@ -251,7 +251,7 @@ def test_numpy_actions_from_the_action_space_and_a_wrong_shape():
 
 
 def test_unknown_env_id_names_the_id_and_suggests_a_fix():
-    with pytest.raises(ValueError, match=r"unknown env id 'HalfCheeta-v5'.*HalfCheetah-v5"):
+    with pytest.raises(ValueError, match=r"unknown env id 'HalfCheeta-v5'.*Did you mean: `HalfCheetah`"):
         envs.make("HalfCheeta-v5")
 
 

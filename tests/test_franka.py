@@ -126,7 +126,7 @@ def test_episode_statistics_are_raw_and_success_only_at_episode_end(batch):
 
 def test_first_episodes_are_staggered_so_envs_do_not_truncate_together(batch):
     """Bug: all envs end on the same step, so each short rollout sees only one phase of the episode."""
-    batch._seeded = False  # the next reset counts as the first one, as after make
+    batch.seeded = False  # the next reset counts as the first one, as after make
     batch.reset(seed=3)
     end_steps = set()
     for t, action in enumerate(actions(4, 20)):
@@ -173,7 +173,6 @@ def test_nonfinite_or_absurd_state_in_one_env_resets_that_env_only(batch, corrup
     absurd values (here a target 1e8 m away: the physics stays finite, the observation does not stay sane)."""
     batch.reset(seed=6)
     obs = batch.step(torch.zeros(4, 7))[0]
-    errors_before = batch.sim_error_count
     if corrupt == "nan_velocity":
         batch.robot.set_dofs_velocity(torch.full((1, 9), float("nan")), envs_idx=[1])
     else:
@@ -183,7 +182,6 @@ def test_nonfinite_or_absurd_state_in_one_env_resets_that_env_only(batch, corrup
     assert truncated[1] and not terminated.any()
     assert new_obs.abs().max() < 1e3 and torch.isfinite(reward).all()
     torch.testing.assert_close(info["final_obs"][1], obs[1])
-    assert batch.sim_error_count == errors_before + 1
     for _ in range(12):  # past Genesis's periodic whole-batch error check
         assert torch.isfinite(batch.step(torch.zeros(4, 7))[0]).all()
 

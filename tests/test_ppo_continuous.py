@@ -14,9 +14,9 @@ SCRIPT = script_named("ppo_continuous")
 def test_help_lists_every_flag_with_its_docstring(tmp_path):
     result = run_cli("ppo_continuous", "--help", cwd=tmp_path)
     assert result.returncode == 0
-    for flag in ("--env-id", "--total-timesteps", "--adaptive-kl", "--resume", "--eval-checkpoint"):
+    for flag in ("--env-id", "--total-timesteps", "--lr-schedule", "--resume", "--eval-checkpoint"):
         assert flag in result.stdout
-    assert "anneal the learning rate" in result.stdout
+    assert "CleanRL's switch" in result.stdout
 
 
 # ---------------------------------------------------------------- learning

