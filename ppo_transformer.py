@@ -140,8 +140,6 @@ class Args:
     """GTrXL-style GRU gates in place of the residual additions"""
     small_init: bool = True
     """initialise each branch's output projection 100x smaller, so training starts close to an MLP on the tokens"""
-    pos_encoding: Literal["learned", "sinusoidal"] = "learned"
-    """position encoding over the window's tokens"""
     critic: Literal["shared", "mlp"] = "mlp"
     """value from the transformer's features, or from a separate MLP on the current observation"""
     hidden_sizes: tuple[int, ...] = (64, 64)
@@ -428,15 +426,6 @@ class Block(nn.Module):
         return x
 
 
-def sinusoidal_encoding(length: int, dim: int) -> torch.Tensor:
-    position = torch.arange(length, dtype=torch.float32)[:, None]
-    frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    encoding = torch.zeros(length, dim)
-    encoding[:, 0::2] = torch.sin(position * frequency)
-    encoding[:, 1::2] = torch.cos(position * frequency)[:, : dim // 2]
-    return encoding
-
-
 class TransformerAgent(nn.Module):
     """A transformer over a window of the last K steps (K * M tokens); a Gaussian policy with a state-independent
     log-std on the current step's M output tokens; the critic shares those features or is an MLP on the current
@@ -456,10 +445,7 @@ class TransformerAgent(nn.Module):
         K, M, D = args.context_len, args.num_tokens, args.token_dim
         self.context_len, self.num_tokens, self.token_dim = K, M, D
         self.embed = layer_init(nn.Linear(obs_dim, M * D), std=1.0)
-        if args.pos_encoding == "learned":
-            self.position = nn.Parameter(0.02 * torch.randn(K * M, D))
-        else:
-            self.register_buffer("position", sinusoidal_encoding(K * M, D))
+        self.position = nn.Parameter(0.02 * torch.randn(K * M, D))  # a learned position encoding over the window
         self.blocks = nn.ModuleList(
             Block(D, args.num_heads, args.ff_mult, args.pre_ln, args.gated, args.small_init) for _ in range(args.num_layers)
         )
@@ -483,7 +469,7 @@ class TransformerAgent(nn.Module):
             tokens = block(tokens, key_mask, diagnostics)
         return self.final_norm(tokens[:, -self.num_tokens:]).flatten(1)
 
-    def value(self, features: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+    def value(self, features: torch.Tensor | None, windows: torch.Tensor) -> torch.Tensor:
         return self.critic(features if self.shared_critic else windows[:, -1]).squeeze(-1)
 
     def is_critic(self, name: str) -> bool:
@@ -491,9 +477,8 @@ class TransformerAgent(nn.Module):
         return name.startswith("critic")
 
     def get_value(self, windows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        if not self.shared_critic:
-            return self.critic(windows[:, -1]).squeeze(-1)
-        return self.value(self.features(windows, valid), windows)
+        """V of the windows' current steps (the MLP critic reads the current observation alone: no attention)."""
+        return self.value(self.features(windows, valid) if self.shared_critic else None, windows)
 
     def log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """log-density of the raw sample under N(mean, exp(log_std)), with the tanh correction if squashed. Closed

@@ -222,5 +222,5 @@ def test_help_lists_the_transformer_flags(tmp_path):
     result = run_cli("ppo_transformer", "--help", cwd=tmp_path)
     assert result.returncode == 0
     for flag in ("--context-len", "--num-tokens", "--token-dim", "--gated", "--pre-ln", "--small-init",
-                 "--pos-encoding", "--critic"):
+                 "--critic"):
         assert flag in result.stdout
