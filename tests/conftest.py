@@ -63,6 +63,29 @@ def spaces(obs_dim: int, act_dim: int, low: float, high: float) -> tuple[gym.spa
     return gym.spaces.Box(-np.inf, np.inf, (obs_dim,)), gym.spaces.Box(low, high, (act_dim,))
 
 
+def check_episode_statistics(vec, actions, on_step=None) -> int:
+    """Steps `vec` with `actions`, checking info["episode"] against the raw rewards summed here (mask = the
+    envs whose episode ended, returns and lengths of exactly those episodes); `on_step(terminated, truncated,
+    info)` adds a task's own checks. Returns the number of finished episodes."""
+    running = torch.zeros(vec.num_envs, dtype=torch.float64)
+    lengths = torch.zeros(vec.num_envs, dtype=torch.int64)
+    finished = 0
+    for action in actions:
+        _, reward, terminated, truncated, info = vec.step(action)
+        running += reward.double()
+        lengths += 1
+        done = terminated | truncated
+        assert torch.equal(info["episode"]["mask"], done)
+        if on_step is not None:
+            on_step(terminated, truncated, info)
+        torch.testing.assert_close(info["episode"]["r"][done], running[done].float())
+        assert torch.equal(info["episode"]["l"][done], lengths[done])
+        finished += int(done.sum())
+        running[done] = 0
+        lengths[done] = 0
+    return finished
+
+
 # ---------------------------------------------------------------- one adapter per script
 class Script:
     """Calls one script's agent and loss the same way for every script: single steps from a fresh episode

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import envs
+from conftest import check_episode_statistics
 from envs.franka import FrankaReachVecEnv
 
 EPISODE = 10
@@ -106,22 +107,12 @@ def test_observed_previous_action_is_the_action_just_applied(batch):
 def test_episode_statistics_are_raw_and_success_only_at_episode_end(batch):
     """Bug: returns that are not the sum of raw rewards, or success reported mid-episode."""
     batch.reset(seed=1)
-    running = torch.zeros(4, dtype=torch.float64)
-    lengths = torch.zeros(4, dtype=torch.int64)
-    ended = 0
-    for action in actions(4, 45, seed=2, scale=0.3):
-        _, reward, terminated, truncated, info = batch.step(action)
-        running += reward.double()
-        lengths += 1
+
+    def reaching_checks(terminated, truncated, info):
         assert not terminated.any()  # reaching has no terminal state
         assert not (info["success"] & ~truncated).any()
-        if truncated.any():
-            torch.testing.assert_close(info["episode"]["r"][truncated], running[truncated].float())
-            assert torch.equal(info["episode"]["l"][truncated], lengths[truncated])
-            ended += int(truncated.sum())
-        running[truncated] = 0
-        lengths[truncated] = 0
-    assert ended >= 8
+
+    assert check_episode_statistics(batch, actions(4, 45, seed=2, scale=0.3), reaching_checks) >= 8
 
 
 def test_first_episodes_are_staggered_so_envs_do_not_truncate_together(batch):
