@@ -48,6 +48,8 @@ PRESETS = {
         ("ppo_recurrent.py", "PendulumNoVel-v1", (1, 2, 3), 300_000, []),
         ("ppo_transformer.py", "PendulumNoVel-v1", (1, 2, 3), 300_000, []),
     ],
+    # Issue 13's target: the BipedalWalker-v3 preset at >= 250 (last 100 training episodes) within 2M steps.
+    "bipedal": [("ppo_continuous.py", "BipedalWalker-v3", (1, 2, 3), 2_000_000, [])],
     # The transformer's stability flags, one changed at a time from the defaults.
     "ablation": [("ppo_transformer.py", "MemoryCue-v0", (1, 2, 3), 16_384, LONG_CUE + flags, f"ablation_{name}".rstrip("_"))
                  for name, flags in ABLATION.items()],
@@ -56,8 +58,8 @@ PRESETS = {
 
 @dataclass
 class Args:
-    preset: Literal["quick", "full", "memory", "ablation"] = "quick"
-    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags)"""
+    preset: Literal["quick", "full", "memory", "ablation", "bipedal"] = "quick"
+    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags), bipedal (BipedalWalker-v3 preset)"""
     jobs: int = os.cpu_count() or 1
     """runs at once (no more than there are cores)"""
     exp_name: str | None = None
