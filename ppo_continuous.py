@@ -437,13 +437,15 @@ def ppo_loss(agent, obs, actions, old_logprobs, advantages, returns, old_values,
             std = torch.where(std < 1e-4, torch.ones_like(std), std)
         advantages = (advantages - advantages.mean()) / (std + 1e-8)
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
-    if args.value_loss == "huber":
-        value_error = lambda values: nn.functional.huber_loss(values, returns, reduction="none", delta=args.huber_delta)  # noqa: E731
-    else:
-        value_error = lambda values: 0.5 * (values - returns).square()  # noqa: E731
+    def value_error(values):  # per step; clipping keeps the larger error of the new and the clipped value
+        if args.value_loss == "huber":
+            return nn.functional.huber_loss(values, returns, reduction="none", delta=args.huber_delta)
+        return 0.5 * (values - returns).square()
+
     v_loss = value_error(new_values)
     if args.clip_vloss:
-        v_loss = torch.max(v_loss, value_error(old_values + (new_values - old_values).clamp(-args.clip_coef, args.clip_coef)))
+        clipped = old_values + (new_values - old_values).clamp(-args.clip_coef, args.clip_coef)
+        v_loss = torch.max(v_loss, value_error(clipped))
     v_loss = v_loss.mean()
     entropy = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
@@ -466,7 +468,8 @@ def make_optimizer(agent: nn.Module, args: Args) -> torch.optim.Optimizer:
     groups = []
     for is_critic, lr in ((False, args.learning_rate), (True, args.critic_learning_rate or args.learning_rate)):
         params = [p for name, p in agent.named_parameters() if agent.is_critic(name) == is_critic]
-        for decay, selected in ((args.weight_decay, [p for p in params if p.dim() >= 2]), (0.0, [p for p in params if p.dim() < 2])):
+        matrices, others = [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
+        for decay, selected in ((args.weight_decay, matrices), (0.0, others)):
             if selected:
                 groups.append({"params": selected, "lr": lr, "initial_lr": lr, "weight_decay": decay})
     return (torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.Adam)(groups, eps=1e-5)
@@ -624,6 +627,35 @@ def open_logs(args: Args, run_dir: str, resumed_at: int | None):
     return writer, run
 
 
+def step_envs(vec, action: torch.Tensor, env_id: str, global_step: int, iteration: int):
+    """vec.step; an exception of the env becomes an EnvStepError that says where (the run saves and stops)."""
+    try:
+        return vec.step(action)
+    except Exception as error:
+        message = (str(error).strip().splitlines() or [""])[0][:200]
+        raise EnvStepError(f"{env_id} raised {type(error).__name__} ({message}) in step at global step {global_step}, "
+                           f"iteration {iteration}") from error
+
+
+def video_saved(path: str, wandb_run, global_step: int) -> None:
+    print(f"saved {path}")
+    if wandb_run is not None:
+        import wandb
+
+        wandb_run.log({"videos/train": wandb.Video(path, format="mp4"), "global_step": global_step})
+
+
+def show_progress(progress, metrics: dict, recent_returns: list[float]) -> None:
+    """One iteration on the tqdm bar, with SPS, the mean of the last 100 returns and the success rate."""
+    progress.update(1)
+    postfix = {"SPS": f"{metrics['charts/SPS']:.0f}"}
+    if recent_returns:
+        postfix["return"] = f"{np.mean(recent_returns):.1f}"
+    if "charts/success_rate" in metrics:
+        postfix["success"] = f"{metrics['charts/success_rate']:.2f}"
+    progress.set_postfix(postfix)
+
+
 def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render: bool = False, **overrides):
     try:
         return envs.make(args.env_id, num_envs=num_envs, seed=seed, device=device, sim_device=args.sim_device,
@@ -731,12 +763,8 @@ def train(args: Args) -> dict:
                     obs_buf[step] = next_obs
                     action, logprob, _, value = get_action_and_value(next_obs)
                     actions_buf[step], logprobs_buf[step], values_buf[step] = action, logprob, value
-                    try:
-                        next_obs_raw, reward, terminated, truncated, info = vec.step(agent.env_action(action))
-                    except Exception as error:
-                        message = (str(error).strip().splitlines() or [""])[0][:200]
-                        raise EnvStepError(f"{args.env_id} raised {type(error).__name__} ({message}) in step at global "
-                                           f"step {global_step + step * N}, iteration {iteration}") from error
+                    next_obs_raw, reward, terminated, truncated, info = step_envs(
+                        vec, agent.env_action(action), args.env_id, global_step + step * N, iteration)
                     obs_norm.update(next_obs_raw)
                     next_obs, final_obs_buf[step] = obs_norm(next_obs_raw), obs_norm(info["final_obs"])
                     rewards_buf[step] = reward
@@ -751,19 +779,13 @@ def train(args: Args) -> dict:
                     if args.capture_video:
                         path = os.path.join(run_dir, "videos", f"train_{global_step + (step + 1) * N}.mp4")
                         if recorder.step(vec, terminated | truncated, path):
-                            print(f"saved {path}")
-                            if wandb_run is not None:
-                                import wandb
-
-                                wandb_run.log({"videos/train": wandb.Video(path, format="mp4"), "global_step": global_step})
+                            video_saved(path, wandb_run, global_step)
 
                 last_value = agent.get_value(next_obs)
                 final_values = agent.get_value(final_obs_buf.flatten(0, 1)).view(T, N)
                 rewards = reward_scaler(rewards_buf, terminated_buf | truncated_buf) if args.norm_reward else rewards_buf
-                advantages, returns = compute_gae(
-                    rewards, values_buf, last_value, final_values, terminated_buf, truncated_buf,
-                    args.gamma, args.gae_lambda,
-                )
+                advantages, returns = compute_gae(rewards, values_buf, last_value, final_values, terminated_buf,
+                                                  truncated_buf, args.gamma, args.gae_lambda)
             global_step += T * N
             rollout_time = time.perf_counter() - rollout_start
 
@@ -806,7 +828,8 @@ def train(args: Args) -> dict:
                 scalars.update({
                     "losses/explained_variance": 1 - (b_returns - b_values).var() / var_returns,
                     "policy/action_std": agent.actor_logstd.exp().mean(),
-                    "values/mean": b_values.mean(), "values/std": b_values.std(), "values/returns_variance": var_returns,
+                    "values/mean": b_values.mean(), "values/std": b_values.std(),
+                    "values/returns_variance": var_returns,
                     "advantages/mean": b_advantages.mean(), "advantages/std": b_advantages.std(),
                     "env/sim_errors": sim_errors,
                     **{f"reward_terms/{k}": v / T for k, v in reward_term_sums.items()},
@@ -816,9 +839,9 @@ def train(args: Args) -> dict:
                 finished = torch.stack([ep_return_buf[ep_mask_buf], ep_length_buf[ep_mask_buf]]).cpu().tolist()
             metrics = dict(zip(scalars, torch.stack([torch.as_tensor(v, dtype=torch.float64).to(policy_device)
                                                      for v in scalars.values()]).cpu().tolist()))
-            metrics.update({"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/update_epochs_done": epochs_done,
-                            "charts/SPS": T * N / (rollout_time + update_time), "time/rollout_s": rollout_time,
-                            "time/update_s": update_time})
+            metrics.update({"charts/learning_rate": optimizer.param_groups[0]["lr"], "time/rollout_s": rollout_time,
+                            "charts/update_epochs_done": epochs_done, "time/update_s": update_time,
+                            "charts/SPS": T * N / (rollout_time + update_time)})
             if not finished[0]:
                 metrics.pop("charts/success_rate", None)  # no episode ended: no rate (the mean of nothing is NaN)
             for key, value in metrics.items():
@@ -834,13 +857,7 @@ def train(args: Args) -> dict:
                 wandb_run.log({**metrics, "global_step": global_step})
             history.append({"iteration": iteration, "global_step": global_step, **metrics})
             if progress is not None:
-                progress.update(1)
-                postfix = {"SPS": f"{metrics['charts/SPS']:.0f}"}
-                if recent_returns:
-                    postfix["return"] = f"{np.mean(recent_returns):.1f}"
-                if "charts/success_rate" in metrics:
-                    postfix["success"] = f"{metrics['charts/success_rate']:.2f}"
-                progress.set_postfix(postfix)
+                show_progress(progress, metrics, recent_returns)
             if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stop.signum:
                 save_checkpoint(run_dir, checkpoint_state(iteration))
             if stop.signum:
