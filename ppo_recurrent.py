@@ -585,13 +585,19 @@ def ppo_loss(agent, obs, actions, states, starts, old_logprobs, advantages, retu
     return loss, stats
 
 
+def is_weight_matrix(name: str, param: nn.Parameter) -> bool:
+    """What weight decay applies to: layers' weight matrices, not biases, norms, the log-std or positions."""
+    return "weight" in name.rsplit(".", 1)[-1] and param.dim() >= 2
+
+
 def make_optimizer(agent: nn.Module, args: Args) -> torch.optim.Optimizer:
     """Adam or AdamW over the actor's and the critic's parameters, each group with its initial rate in
     "initial_lr" (the schedules scale it); AdamW decays weight matrices only."""
     groups = []
     for is_critic, lr in ((False, args.learning_rate), (True, args.critic_learning_rate or args.learning_rate)):
-        params = [p for name, p in agent.named_parameters() if agent.is_critic(name) == is_critic]
-        matrices, others = [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
+        params = [(name, p) for name, p in agent.named_parameters() if agent.is_critic(name) == is_critic]
+        matrices = [p for name, p in params if is_weight_matrix(name, p)]
+        others = [p for name, p in params if not is_weight_matrix(name, p)]
         for decay, selected in ((args.weight_decay, matrices), (0.0, others)):
             if selected:
                 groups.append({"params": selected, "lr": lr, "initial_lr": lr, "weight_decay": decay})
@@ -799,6 +805,9 @@ def train(args: Args) -> dict:
     per-iteration metrics (`history`)."""
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume else None
     if checkpoint is not None:
+        if "torch_rng" not in checkpoint:  # written before checkpoints were one dict of stateful objects
+            raise UsageError(f"--resume {args.resume}: a checkpoint of an older version of this script, which cannot "
+                             "be continued; it still evaluates (--eval-checkpoint), or start a new run")
         args = dataclasses.replace(args_from_checkpoint(checkpoint), resume=args.resume)
     args = resolve_args(args)
     policy_device = pick_device(args.policy_device, "--policy-device")

@@ -431,7 +431,13 @@ def test_critic_learning_rate_moves_the_critic_alone_at_its_own_rate(script, in_
 
 def test_adamw_decays_weight_matrices_only(script):
     """Bugs: --weight-decay ignored, applied by Adam as an L2 term, or decaying biases and the log-std."""
-    agent = script.make_agent()
+    agent = script.make_agent(init_log_std=0.5)
+    with torch.no_grad():
+        for name, p in agent.named_parameters():
+            if "bias" in name:
+                p.fill_(0.3)  # zero biases would hide a decay applied to them
+    matrices = [name for name, p in agent.named_parameters() if "weight" in name.rsplit(".", 1)[-1] and p.dim() >= 2]
+    assert matrices and "actor_logstd" not in matrices
     for optimizer_name, decay in (("adamw", 0.5), ("adam", 0.0)):
         args = script.module.Args(optimizer=optimizer_name, weight_decay=decay, learning_rate=0.1)
         before = {k: v.detach().clone() for k, v in agent.named_parameters()}
@@ -440,7 +446,7 @@ def test_adamw_decays_weight_matrices_only(script):
             p.grad = torch.zeros_like(p)
         optimizer.step()
         for name, p in agent.named_parameters():
-            expected = before[name] * (1 - 0.1 * decay) if p.dim() >= 2 else before[name]
+            expected = before[name] * (1 - 0.1 * decay) if name in matrices else before[name]
             torch.testing.assert_close(p.detach(), expected)
     assert script.module.Args(optimizer="adamw").optimizer == "adamw"
 

@@ -41,6 +41,10 @@ def checkpoints(tmp_path_factory):
         paths[name] = str(root / name)
     torch.save({"args": {}, "code": np.random.RandomState(0)}, root / "pickled.pt")  # weights_only refuses it
     torch.save(torch.zeros(3), root / "tensor.pt")
+    old = torch.load(paths["ppo_continuous"], weights_only=True)  # the format before torch_rng (issue 13)
+    old["rng"] = {"torch": old.pop("torch_rng")}
+    torch.save(old, root / "old_format.pt")
+    paths["old_format.pt"] = str(root / "old_format.pt")
     paths["pickled.pt"], paths["tensor.pt"] = str(root / "pickled.pt"), str(root / "tensor.pt")
     return paths
 
@@ -86,6 +90,7 @@ CLI_CASES = [
     ("ppo_continuous", ["--resume", "{truncated.pt}"], "--resume"),
     ("ppo_continuous", ["--eval-checkpoint", "{garbage.pt}"], "not a readable checkpoint"),
     ("ppo_continuous", ["--resume", "{pickled.pt}"], "not a readable checkpoint"),
+    ("ppo_continuous", ["--resume", "{old_format.pt}"], "older version"),
     ("ppo_continuous", ["--eval-checkpoint", "{tensor.pt}"], "not a checkpoint"),
     ("ppo_continuous", ["--eval-checkpoint", "{ppo_recurrent}"], "ppo_recurrent.py"),
     ("ppo_continuous", ["--resume", "{ppo_transformer}"], "ppo_transformer.py"),
