@@ -180,6 +180,8 @@ PENDULUM = dict(
     num_minibatches=16, init_log_std=-0.5,
 )
 PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDULUM, "PendulumNoVel-v1": PENDULUM}
+# Genesis's locomotion example (rsl_rl's settings, as the arm's) with its entropy bonus and ~10M-step budget.
+PRESETS["Go2Walk-v0"] = PRESETS["Go2WalkNoVel-v0"] = dict(ent_coef=0.01, total_timesteps=10_000_000)
 
 
 def task_args(env_id: str, **flags) -> Args:
@@ -891,6 +893,7 @@ def train(args: Args) -> dict:
                 recorder.start()
             rollout_start = time.perf_counter()
             reward_term_sums: dict[str, torch.Tensor] = {}
+            metric_sums: dict[str, torch.Tensor] = {}  # the tasks' own metrics of the episodes that ended
             sim_errors = torch.zeros((), device=policy_device)
             with torch.inference_mode():
                 for step in range(T):
@@ -912,6 +915,8 @@ def train(args: Args) -> dict:
                     ep_return_buf[step], ep_length_buf[step], ep_mask_buf[step] = episode["r"], episode["l"], episode["mask"]
                     if "success" in info:
                         has_success, success_buf[step] = True, info["success"]
+                    for name, value in info.get("episode_metrics", {}).items():
+                        metric_sums[name] = metric_sums.get(name, 0.0) + torch.where(episode["mask"], value, 0.0).sum()
                     for name, term in info.get("reward_terms", {}).items():
                         reward_term_sums[name] = reward_term_sums.get(name, 0.0) + term.mean()
                     sim_errors += info["sim_errors"].sum()
@@ -983,14 +988,15 @@ def train(args: Args) -> dict:
                 scalars.update(first_minibatch)
                 if has_success:
                     scalars["charts/success_rate"] = success_buf[ep_mask_buf].float().mean()
+                scalars.update({f"episode_metrics/{k}": v / ep_mask_buf.sum() for k, v in metric_sums.items()})
                 finished = torch.stack([ep_return_buf[ep_mask_buf], ep_length_buf[ep_mask_buf]]).cpu().tolist()
             metrics = dict(zip(scalars, torch.stack([torch.as_tensor(v, dtype=torch.float64).to(policy_device)
                                                      for v in scalars.values()]).cpu().tolist()))
             metrics.update({"charts/learning_rate": optimizer.param_groups[0]["lr"], "time/rollout_s": rollout_time,
                             "charts/update_epochs_done": epochs_done, "time/update_s": update_time,
                             "charts/SPS": T * N / (rollout_time + update_time)})
-            if not finished[0]:
-                metrics.pop("charts/success_rate", None)  # no episode ended: no rate (the mean of nothing is NaN)
+            if not finished[0]:  # no episode ended: no success rate or task metric (the mean of nothing is NaN)
+                metrics = {k: v for k, v in metrics.items() if not k.startswith(("charts/success", "episode_metrics/"))}
             for key, value in metrics.items():
                 writer.add_scalar(key, value, global_step)
             for episode_return, episode_length in zip(*finished):
@@ -1063,6 +1069,7 @@ def evaluate(
     starts = torch.ones(num_envs, dtype=torch.bool, device=policy_device)
     returns = [[] for _ in range(num_envs)]
     successes = [[] for _ in range(num_envs)]
+    lengths, task_metrics = [], {}  # of the counted episodes; the task's own metrics (info["episode_metrics"])
     recorder, video = EpisodeRecorder(), os.path.join(run_dir_of(checkpoint_path), "videos", "eval.mp4")
     if capture_video:
         recorder.start(vec)
@@ -1076,12 +1083,16 @@ def evaluate(
         for i in episode["mask"].nonzero().flatten().tolist():
             if len(returns[i]) < quota[i]:
                 returns[i].append(float(episode["r"][i]))
+                lengths.append(int(episode["l"][i]))
                 if "success" in info:
                     successes[i].append(bool(info["success"][i]))
+                for name, value in info.get("episode_metrics", {}).items():
+                    task_metrics.setdefault(name, []).append(float(value[i]))
     vec.close()
     flat_returns = [r for env_returns in returns for r in env_returns]
     result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
-              "std_return": float(np.std(flat_returns))}
+              "std_return": float(np.std(flat_returns)), "mean_length": float(np.mean(lengths)),
+              **{name: float(np.mean(values)) for name, values in task_metrics.items()}}
     if any(successes):
         result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
     if capture_video:

@@ -50,6 +50,10 @@ PRESETS = {
     ],
     # Issue 13's target: the BipedalWalker-v3 preset at >= 250 (last 100 training episodes) within 2M steps.
     "bipedal": [("ppo_continuous.py", "BipedalWalker-v3", (1, 2, 3), 2_000_000, [])],
+    # Issue 14: the quadruped at the Genesis example's ~10M-step budget; with memory on its NoVel variant.
+    "go2": [("ppo_continuous.py", "Go2Walk-v0", (1,), 10_000_000, [])],
+    "go2_memory": [(script, "Go2WalkNoVel-v0", (1,), 10_000_000, [])
+                   for script in ("ppo_recurrent.py", "ppo_continuous.py", "ppo_transformer.py")],
     # The transformer's stability flags, one changed at a time from the defaults.
     "ablation": [("ppo_transformer.py", "MemoryCue-v0", (1, 2, 3), 16_384, LONG_CUE + flags, f"ablation_{name}".rstrip("_"))
                  for name, flags in ABLATION.items()],
@@ -58,8 +62,8 @@ PRESETS = {
 
 @dataclass
 class Args:
-    preset: Literal["quick", "full", "memory", "ablation", "bipedal"] = "quick"
-    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags), bipedal (BipedalWalker-v3 preset)"""
+    preset: Literal["quick", "full", "memory", "ablation", "bipedal", "go2", "go2_memory"] = "quick"
+    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags), bipedal (BipedalWalker-v3 preset), go2 / go2_memory (the quadruped; its NoVel variant, three scripts)"""
     jobs: int = os.cpu_count() or 1
     """runs at once (no more than there are cores)"""
     exp_name: str | None = None

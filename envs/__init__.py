@@ -7,8 +7,8 @@
 
 Any Gymnasium id works (MuJoCo, classic control, Box2D), plus the partially observable variants of
 `envs.partial` (`PendulumNoVel-v1`, `HalfCheetahNoVel-v5`, `HalfCheetah-P-v5`, ...) and the Genesis
-arm tasks `FrankaReach-v0` and `FrankaReachNoVel-v0` (velocities hidden) (`envs.franka`), and the
-memory task `MemoryCue-v0` (`envs.memory`). Importing this package registers them with Gymnasium.
+arm tasks `FrankaReach-v0` and `FrankaReachNoVel-v0` (velocities hidden) (`envs.franka`), the quadruped
+`Go2Walk-v0` and `Go2WalkNoVel-v0` (base velocities hidden) (`envs.go2`), and the memory task `MemoryCue-v0` (`envs.memory`). Importing this package registers them with Gymnasium.
 
 Nothing here knows about PPO: observation/reward normalisation and action clipping belong to the scripts.
 """
@@ -31,13 +31,16 @@ __all__ = ["make", "EpisodeTracker", "GymnasiumVecEnv", "GENESIS_IDS", "MAX_ABS_
 class UnknownTaskError(ValueError):
     """An env id that is not registered (the message suggests close matches)."""
 
-GENESIS_IDS = ("FrankaReach-v0", "FrankaReachNoVel-v0")
+GENESIS_IDS = ("FrankaReach-v0", "FrankaReachNoVel-v0", "Go2Walk-v0", "Go2WalkNoVel-v0")
 
 register_variants()
 register_memory_tasks()
 for _id, _kwargs in (("FrankaReach-v0", {}), ("FrankaReachNoVel-v0", {"observe_velocities": False})):
     if _id not in gym.registry:
         gym.register(_id, vector_entry_point="envs.franka:FrankaReachVecEnv", max_episode_steps=100, kwargs=_kwargs)
+for _id, _kwargs in (("Go2Walk-v0", {}), ("Go2WalkNoVel-v0", {"observe_base_velocity": False})):
+    if _id not in gym.registry:
+        gym.register(_id, vector_entry_point="envs.go2:Go2WalkVecEnv", max_episode_steps=1000, kwargs=_kwargs)
 
 
 def make(

@@ -1,0 +1,245 @@
+"""What every natively batched Genesis task shares: one scene holding all `num_envs` robots, stepped as one.
+
+A task subclasses `GenesisVecEnv` and fills in five hooks; this class owns the contract of DESIGN.md §3
+(same-step autoreset with `final_obs`, raw episode statistics, subset reset, per-env simulator errors,
+exact-resume state, headless rendering), so every task keeps it the same way:
+
+    _reset_envs(envs_idx)   new episodes for these envs (pose, commands, targets, the task's counters)
+    _apply_action(action)   turn the (clamped) action into actuator commands
+    _read_state()           read what the task needs from the simulator (after physics and after resets)
+    _evaluate(action)       reward terms and the `terminated` mask from that state
+    _observe()              the observation from that state
+    _episode_info(ended)    task metrics for the envs whose episode ends on this step (`success`, ...)
+
+and lists its own tensors in `STATE` (saved and restored with the simulator's joint state).
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+
+from envs.core import MAX_ABS_VALUE, EpisodeTracker, as_bool_mask, reset_seed, torch_device
+
+_genesis_backend: str | None = None
+
+
+def init_genesis(sim_device: str) -> str:
+    """Initialises Genesis once per process on "cpu" or "gpu" ("auto": the GPU if CUDA is available)."""
+    global _genesis_backend
+    if sim_device not in ("cpu", "gpu", "cuda", "auto"):
+        raise ValueError(f"sim_device must be 'cpu', 'gpu' or 'auto', got {sim_device!r}")
+    if sim_device == "auto":
+        sim_device = "gpu" if torch.cuda.is_available() else "cpu"
+    sim_device = "gpu" if sim_device == "cuda" else sim_device
+    if sim_device == "gpu" and not torch.cuda.is_available():
+        raise ValueError("sim_device='gpu' but torch sees no CUDA GPU; use sim_device='cpu'")
+    import genesis as gs
+
+    if _genesis_backend is None and not gs._initialized:
+        print(
+            "[envs] Initialising Genesis on the %s. The first scene build compiles its kernels "
+            "(about 80 s on 2 CPU cores); later builds load them from the cache (about 7 s)." % sim_device.upper(),
+            flush=True,
+        )
+        gs.init(backend=gs.gpu if sim_device == "gpu" else gs.cpu, precision="32", logging_level="error")
+        _genesis_backend = sim_device
+    elif _genesis_backend is not None and _genesis_backend != sim_device:
+        raise RuntimeError(
+            f"Genesis is already initialised on the {_genesis_backend} in this process and cannot switch to the "
+            f"{sim_device}; use one sim_device per process"
+        )
+    return sim_device
+
+
+class GenesisVecEnv(gym.vector.VectorEnv):
+    """`num_envs` copies of a Genesis task; torch tensors in, torch tensors out (on `device`)."""
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"]}
+    STATE: tuple[str, ...] = ()  # the task's own tensors that `state_dict` saves
+
+    def __init__(self, num_envs: int, seed: int, device, sim_device: str, max_episode_steps: int, decimation: int,
+                 obs_dim: int, action_bound: float, action_dim: int, stagger_episodes: bool,
+                 max_abs_value: float | None, render_mode: str | None):
+        for name, value in (("num_envs", num_envs), ("max_episode_steps", max_episode_steps), ("decimation", decimation)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if max_abs_value is not None and not max_abs_value > 0:
+            raise ValueError(f"max_abs_value must be positive, got {max_abs_value!r}")
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        self.num_envs = num_envs
+        self.device = torch_device(device)
+        # None: only non-finite values count (inf exceeds the largest float32, NaN compares false)
+        self.max_abs_value = max_abs_value if max_abs_value is not None else float(torch.finfo(torch.float32).max)
+        self.seed = seed
+        self.max_episode_steps = max_episode_steps
+        self.decimation = decimation
+        self.stagger_episodes = stagger_episodes
+        self.render_mode = render_mode
+        self.action_bound = action_bound
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
+        self.single_action_space = gym.spaces.Box(-action_bound, action_bound, (action_dim,), np.float32)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.single_action_space.seed(seed)
+
+        self.sim_device = init_genesis(sim_device)
+        import genesis as gs
+
+        self.generator = torch.Generator(device=gs.device)
+        self.episode_step = torch.zeros(num_envs, dtype=torch.int64, device=gs.device)
+        self.episodes = EpisodeTracker(num_envs, self.device)
+        self.seeded = False
+        self.scene = self.camera = None
+
+    def _build(self, scene, camera: dict) -> None:
+        """Builds `scene` for all envs, with a camera on env 0 (`camera`: gs add_camera options) if rendering."""
+        if self.render_mode == "rgb_array":
+            self.camera = scene.add_camera(**camera)
+        scene.build(n_envs=self.num_envs)
+        self.scene = scene
+        self._rigid_solver = scene.sim.rigid_solver
+
+    def _uniform(self, n: int, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        """n draws, uniform between `low` and `high` (tensors of one shape), from the task's seeded generator."""
+        u = torch.rand(n, *low.shape, generator=self.generator, device=low.device)
+        return low + (high - low) * u
+
+    # ------------------------------------------------------------------ the task's hooks
+    def _reset_envs(self, envs_idx: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _apply_action(self, action: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _read_state(self) -> None:
+        raise NotImplementedError
+
+    def _evaluate(self, action: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        raise NotImplementedError
+
+    def _observe(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _episode_info(self, ended: torch.Tensor) -> dict:
+        return {}
+
+    # ------------------------------------------------------------------ the contract
+    def _start_episodes(self, envs_idx: torch.Tensor) -> None:
+        self._reset_envs(envs_idx)
+        self.episode_step[envs_idx] = 0
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        """Resets every env, or only those in `options["reset_mask"]`; the first reset uses the seed of `make`."""
+        first = not self.seeded
+        seed = reset_seed(self, seed)
+        if seed is not None:
+            self.generator.manual_seed(seed)
+            self.single_action_space.seed(seed)
+        import genesis as gs
+
+        if options and "reset_mask" in options:
+            mask = as_bool_mask(options["reset_mask"], self.num_envs).to(gs.device)
+        else:
+            mask = torch.ones(self.num_envs, dtype=torch.bool, device=gs.device)
+        self._start_episodes(mask.nonzero().squeeze(-1))
+        if first and self.stagger_episodes:
+            # Like rsl_rl's init_at_random_ep_len: without it every env truncates on the same step and each
+            # short rollout sees only one phase of the episode.
+            self.episode_step.random_(0, self.max_episode_steps, generator=self.generator)
+        self.episodes.clear(mask.to(self.device))
+        self._read_state()
+        self._last_obs = self._observe()
+        return self._last_obs.to(self.device), {}
+
+    def step(self, action: torch.Tensor | np.ndarray):
+        """Actions as a (num_envs, action_dim) tensor on any device, or a numpy array (`action_space.sample()`)."""
+        import genesis as gs
+
+        action = torch.as_tensor(action, dtype=torch.float32, device=gs.device)
+        shape = (self.num_envs, self.single_action_space.shape[0])
+        if action.shape != shape:
+            raise ValueError(f"action must have shape {shape}, got {tuple(action.shape)}")
+        # Out-of-range actions saturate, as a real actuator command would; keeps every reward term bounded.
+        action = action.clamp(-self.action_bound, self.action_bound)
+        self._apply_action(action)
+        failed = torch.zeros(self.num_envs, dtype=torch.bool, device=gs.device)
+        for _ in range(self.decimation):
+            self.scene.step()
+            # Genesis checks its error flags every few substeps and raises for the whole batch: start new
+            # episodes in failed envs right away (clearing Genesis's per-env error flag); they truncate below.
+            step_failed = self._rigid_solver.get_error_envs_mask()
+            if step_failed.any():
+                self._start_episodes(step_failed.nonzero().squeeze(-1))
+                failed |= step_failed
+
+        self.episode_step += 1
+        self._read_state()
+        terms, terminated = self._evaluate(action)
+        obs = self._observe()
+        failed |= ~(obs.abs() <= self.max_abs_value).all(dim=-1)  # NaN, inf or absurd: a blow-up
+        terms = {name: torch.where(failed, 0.0, term) for name, term in terms.items()}
+        reward = sum(terms.values())
+        terminated = terminated & ~failed
+        truncated = ((self.episode_step >= self.max_episode_steps) | failed) & ~terminated
+        ended = terminated | truncated
+        task_info = self._episode_info(ended & ~failed)
+        # A failed env's last state is not finite: bootstrap from the observation it acted on instead.
+        final_obs = torch.where(failed[:, None], self._last_obs, obs)
+        if ended.any():
+            self._start_episodes(ended.nonzero().squeeze(-1))
+            self._read_state()
+            obs = self._observe()
+        self._last_obs = obs
+
+        out = self.device
+        reward, terminated, truncated = reward.to(out), terminated.to(out), truncated.to(out)
+        info = {
+            "final_obs": final_obs.to(out),
+            "episode": self.episodes.update(reward, terminated | truncated),
+            "reward_terms": {name: term.to(out) for name, term in terms.items()},
+            "sim_errors": failed.to(out),
+            **{name: value.to(out) if torch.is_tensor(value) else {k: v.to(out) for k, v in value.items()}
+               for name, value in task_info.items()},
+        }
+        return obs.to(out), reward, terminated, truncated, info
+
+    def state_dict(self) -> dict:
+        """Joint state, the task's tensors (`STATE`), counters and the RNG, as CPU tensors (for resuming a run)."""
+        state = {name: getattr(self, name).cpu() for name in self.STATE}
+        return {"qpos": self.robot.get_qpos().cpu(), "dofs_velocity": self.robot.get_dofs_velocity().cpu(),
+                "episode_step": self.episode_step.cpu(), "generator": self.generator.get_state(),
+                "last_obs": self._last_obs.cpu(), "episodes": self.episodes.state_dict(), **state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores `state_dict()`. Genesis's solver warm start is not part of it, so a resumed run matches
+        an uninterrupted one closely but not bit for bit."""
+        import genesis as gs
+
+        self.robot.set_qpos(state["qpos"].to(gs.device), zero_velocity=False)
+        self.robot.set_dofs_velocity(state["dofs_velocity"].to(gs.device))
+        for name in ("episode_step", *self.STATE):
+            getattr(self, name).copy_(state[name])
+        self.generator.set_state(state["generator"])
+        self._last_obs = state["last_obs"].to(gs.device)
+        self.episodes.load_state_dict(state["episodes"])
+        self._restore_commands()
+        self.seeded = True
+
+    def _restore_commands(self) -> None:
+        """Re-sends the actuator commands that the restored state implies."""
+
+    def render(self) -> np.ndarray:
+        """RGB frame of env 0 (make the env with render_mode="rgb_array")."""
+        if self.camera is None:
+            raise RuntimeError('make the env with render_mode="rgb_array" to render it')
+        rgb = self.camera.render()[0]
+        return np.asarray(rgb[0] if rgb.ndim == 4 else rgb, dtype=np.uint8)
+
+    def close(self, **kwargs) -> None:
+        if getattr(self, "scene", None) is not None:
+            self.scene.destroy()
+            self.scene = None

@@ -1,0 +1,211 @@
+"""Go2Walk-v0: a Unitree Go2 quadruped walks at a commanded velocity on flat ground, simulated in Genesis.
+
+Natively batched like FrankaReach-v0 (one scene, `num_envs` robots; `envs.genesis.GenesisVecEnv` keeps the
+contract). What makes it learnable comes from Genesis's own locomotion example (`examples/locomotion/
+go2_env.py` and `go2_train.py`): the default pose, PD gains (kp 20, kd 0.5), actions as joint-position offsets
+of 0.25 rad per unit around the default pose, 50 Hz control (dt 0.02 s in two substeps), a simulated one-step
+action latency (the action sent at step t acts at step t+1, as on the real robot), the observation scales, the
+reward terms and weights (each multiplied by dt), termination on roll or pitch beyond 10 degrees, 20-s
+episodes (truncated), new commands every 4 s. The tables are in the README ("Go2Walk-v0"); the differences
+from the example, and why:
+
+- The observation leads with the base's linear velocity in the body frame (x2, the example's own scale for
+  it): the 48 observations of legged_gym and rsl_rl's locomotion tasks, where the example keeps 45. The
+  memory variant `Go2WalkNoVel-v0` then hides what a robot without a velocity estimator lacks: the base's
+  linear and angular velocity (42 observations), which a policy with memory can infer from its joints.
+- Commands span 0 to 1 m/s forward and -0.5 to 0.5 rad/s of yaw (the example fixes 0.5 m/s forward): with one
+  command the "commands" in the observation are a constant and tracking a speed means walking one gait.
+- Falling (roll or pitch beyond the limit) terminates; the time limit truncates (the example reports both as
+  one `reset`). At an episode's end `info["episode_metrics"]` holds its mean linear-velocity tracking error
+  (m/s, in the ground plane), mean yaw-rate error (rad/s) and whether it fell.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from envs.core import MAX_ABS_VALUE
+from envs.genesis import GenesisVecEnv
+
+# The example's joint order for actions and joint observations (front right leg first), and its default pose.
+JOINT_NAMES = ("FR_hip_joint", "FR_thigh_joint", "FR_calf_joint", "FL_hip_joint", "FL_thigh_joint", "FL_calf_joint",
+               "RR_hip_joint", "RR_thigh_joint", "RR_calf_joint", "RL_hip_joint", "RL_thigh_joint", "RL_calf_joint")
+DEFAULT_JOINT_ANGLES = {"hip": 0.0, "F_thigh": 0.8, "R_thigh": 1.0, "calf": -1.5}
+BASE_INIT_POS = (0.0, 0.0, 0.42)
+OBS_SCALES = {"lin_vel": 2.0, "ang_vel": 0.25, "dof_pos": 1.0, "dof_vel": 0.05}
+NUM_JOINTS = len(JOINT_NAMES)
+
+
+def default_angle(joint: str) -> float:
+    leg, part = joint.split("_")[0], joint.split("_")[1]
+    return DEFAULT_JOINT_ANGLES[part if part != "thigh" else f"{leg[0]}_thigh"]
+
+
+class Go2WalkVecEnv(GenesisVecEnv):
+    """`num_envs` Go2 robots tracking commanded base velocities; torch tensors in, torch tensors out."""
+
+    STATE = ("commands", "last_action", "lin_vel_error_sum", "ang_vel_error_sum")
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        sim_device: str = "auto",
+        max_episode_steps: int = 1000,
+        dt: float = 0.02,
+        substeps: int = 2,
+        kp: float = 20.0,
+        kd: float = 0.5,
+        action_scale: float = 0.25,
+        clip_actions: float = 100.0,
+        simulate_action_latency: bool = True,
+        lin_vel_x_range: tuple[float, float] = (0.0, 1.0),
+        lin_vel_y_range: tuple[float, float] = (0.0, 0.0),
+        ang_vel_range: tuple[float, float] = (-0.5, 0.5),
+        resampling_time_s: float = 4.0,
+        termination_angle_deg: float = 10.0,
+        base_height_target: float = 0.3,
+        tracking_sigma: float = 0.25,
+        tracking_lin_vel_weight: float = 1.0,
+        tracking_ang_vel_weight: float = 0.2,
+        lin_vel_z_weight: float = 1.0,
+        base_height_weight: float = 50.0,
+        action_rate_weight: float = 0.005,
+        similar_to_default_weight: float = 0.1,
+        observe_base_velocity: bool = True,
+        stagger_episodes: bool = True,
+        max_abs_value: float | None = MAX_ABS_VALUE,
+        render_mode: str | None = None,
+    ):
+        for name, value in (("dt", dt), ("action_scale", action_scale), ("clip_actions", clip_actions),
+                            ("resampling_time_s", resampling_time_s), ("tracking_sigma", tracking_sigma),
+                            ("termination_angle_deg", termination_angle_deg), ("substeps", substeps)):
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
+        for name, (low, high) in (("lin_vel_x_range", lin_vel_x_range), ("lin_vel_y_range", lin_vel_y_range),
+                                  ("ang_vel_range", ang_vel_range)):
+            if not low <= high:
+                raise ValueError(f"{name} must be (low, high) with low <= high, got {(low, high)!r}")
+        # Go2WalkNoVel-v0 drops the base's linear and angular velocity (the first 6 entries).
+        self.observe_base_velocity = observe_base_velocity
+        obs_dim = 12 + 3 * NUM_JOINTS if observe_base_velocity else 6 + 3 * NUM_JOINTS
+        super().__init__(num_envs, seed, device, sim_device, max_episode_steps, 1, obs_dim, clip_actions,
+                         NUM_JOINTS, stagger_episodes, max_abs_value, render_mode)
+        self.dt = dt
+        self.action_scale = action_scale
+        self.simulate_action_latency = simulate_action_latency
+        self.resample_steps = max(1, round(resampling_time_s / dt))
+        self.max_tilt = math.radians(termination_angle_deg)
+        self.base_height_target = base_height_target
+        self.tracking_sigma = tracking_sigma
+        # The example's reward scales, each multiplied by dt (its `reward_scales[name] *= self.dt`).
+        self.weights = {name: weight * dt for name, weight in (
+            ("tracking_lin_vel", tracking_lin_vel_weight), ("tracking_ang_vel", tracking_ang_vel_weight),
+            ("lin_vel_z", lin_vel_z_weight), ("base_height", base_height_weight),
+            ("action_rate", action_rate_weight), ("similar_to_default", similar_to_default_weight))}
+
+        import genesis as gs
+        from genesis.utils.geom import inv_quat, transform_by_quat
+
+        self._inv_quat, self._transform_by_quat = inv_quat, transform_by_quat
+        scene = gs.Scene(
+            sim_options=gs.options.SimOptions(dt=dt, substeps=substeps),
+            # The example's settings: no self-collision, and few contact pairs (the feet and the ground).
+            rigid_options=gs.options.RigidOptions(enable_self_collision=False, tolerance=1e-5, max_collision_pairs=20),
+            vis_options=gs.options.VisOptions(rendered_envs_idx=[0]),
+            show_viewer=False,
+        )
+        scene.add_entity(gs.morphs.URDF(file="urdf/plane/plane.urdf", fixed=True))
+        self.robot = scene.add_entity(gs.morphs.URDF(file="urdf/go2/urdf/go2.urdf", pos=BASE_INIT_POS))
+        self._build(scene, dict(res=(480, 360), pos=(1.6, -1.6, 1.0), lookat=(0.0, 0.0, 0.3), fov=40))
+        if self.camera is not None:
+            self.camera.follow_entity(self.robot, fix_orientation=True)  # the robot walks out of a fixed view
+
+        sim = gs.device
+        self.motor_dofs = torch.tensor([self.robot.get_joint(name).dof_start for name in JOINT_NAMES], device=sim)
+        self.robot.set_dofs_kp([kp] * NUM_JOINTS, self.motor_dofs)
+        self.robot.set_dofs_kv([kd] * NUM_JOINTS, self.motor_dofs)
+        self.default_dof_pos = torch.tensor([default_angle(name) for name in JOINT_NAMES], device=sim)
+        # The free base joint's position and quaternion, then the joints in the URDF's order.
+        urdf_joint_angles = [default_angle(joint.name) for joint in self.robot.joints[1:]]
+        self.init_qpos = torch.tensor([*BASE_INIT_POS, 1.0, 0.0, 0.0, 0.0, *urdf_joint_angles], device=sim)
+        self.gravity = torch.tensor([0.0, 0.0, -1.0], device=sim).expand(num_envs, 3)
+        self.command_low = torch.tensor([lin_vel_x_range[0], lin_vel_y_range[0], ang_vel_range[0]], device=sim)
+        self.command_high = torch.tensor([lin_vel_x_range[1], lin_vel_y_range[1], ang_vel_range[1]], device=sim)
+        self.command_scale = torch.tensor([OBS_SCALES["lin_vel"]] * 2 + [OBS_SCALES["ang_vel"]], device=sim)
+
+        self.commands = torch.zeros(num_envs, 3, device=sim)  # vx, vy (m/s, body frame), yaw rate (rad/s)
+        self.last_action = torch.zeros(num_envs, NUM_JOINTS, device=sim)
+        self.lin_vel_error_sum = torch.zeros(num_envs, device=sim)
+        self.ang_vel_error_sum = torch.zeros(num_envs, device=sim)
+
+    def _reset_envs(self, envs_idx: torch.Tensor) -> None:
+        """New episode: standing in the default pose at the start position, at rest, with a fresh command."""
+        self.robot.set_qpos(self.init_qpos.expand(len(envs_idx), -1), envs_idx=envs_idx, zero_velocity=True)
+        self.commands[envs_idx] = self._uniform(len(envs_idx), self.command_low, self.command_high)
+        self.last_action[envs_idx] = 0.0
+        self.lin_vel_error_sum[envs_idx] = 0.0
+        self.ang_vel_error_sum[envs_idx] = 0.0
+
+    def _apply_action(self, action: torch.Tensor) -> None:
+        """Joint-position targets `action_scale` rad per unit around the default pose, one step late by default."""
+        executed = self.last_action if self.simulate_action_latency else action
+        self.action_rate = (action - self.last_action).square().sum(-1)
+        self.last_action = action  # observed as the last action
+        self.robot.control_dofs_position(self.default_dof_pos + self.action_scale * executed, self.motor_dofs)
+
+    def _read_state(self) -> None:
+        self.base_pos = self.robot.get_pos()
+        to_body = self._inv_quat(self.robot.get_quat())
+        self.base_lin_vel = self._transform_by_quat(self.robot.get_vel(), to_body)
+        self.base_ang_vel = self._transform_by_quat(self.robot.get_ang(), to_body)
+        self.projected_gravity = self._transform_by_quat(self.gravity, to_body)
+        self.dof_pos = self.robot.get_dofs_position(self.motor_dofs)
+        self.dof_vel = self.robot.get_dofs_velocity(self.motor_dofs)
+
+    def _observe(self) -> torch.Tensor:
+        parts = [
+            self.base_lin_vel * OBS_SCALES["lin_vel"],
+            self.base_ang_vel * OBS_SCALES["ang_vel"],
+            self.projected_gravity,
+            self.commands * self.command_scale,
+            (self.dof_pos - self.default_dof_pos) * OBS_SCALES["dof_pos"],
+            self.dof_vel * OBS_SCALES["dof_vel"],
+            self.last_action,
+        ]
+        return torch.cat(parts if self.observe_base_velocity else parts[2:], dim=-1)
+
+    def _evaluate(self, action: torch.Tensor):
+        lin_vel_error_sq = (self.commands[:, :2] - self.base_lin_vel[:, :2]).square().sum(-1)
+        ang_vel_error = self.commands[:, 2] - self.base_ang_vel[:, 2]
+        w = self.weights
+        terms = {
+            "tracking_lin_vel": w["tracking_lin_vel"] * torch.exp(-lin_vel_error_sq / self.tracking_sigma),
+            "tracking_ang_vel": w["tracking_ang_vel"] * torch.exp(-ang_vel_error.square() / self.tracking_sigma),
+            "lin_vel_z": -w["lin_vel_z"] * self.base_lin_vel[:, 2].square(),
+            "base_height": -w["base_height"] * (self.base_pos[:, 2] - self.base_height_target).square(),
+            "action_rate": -w["action_rate"] * self.action_rate,
+            "similar_to_default": -w["similar_to_default"] * (self.dof_pos - self.default_dof_pos).abs().sum(-1),
+        }
+        self.lin_vel_error_sum += lin_vel_error_sq.sqrt()
+        self.ang_vel_error_sum += ang_vel_error.abs()
+        # The example's roll and pitch (ZYX Euler angles of the base), from the gravity seen in the body frame:
+        # g = (sin pitch, -sin roll cos pitch, -cos roll cos pitch).
+        g = self.projected_gravity
+        roll, pitch = torch.atan2(-g[:, 1], -g[:, 2]), torch.asin((g[:, 0]).clamp(-1.0, 1.0))
+        self.fell = (roll.abs() > self.max_tilt) | (pitch.abs() > self.max_tilt)
+        resample = (self.episode_step % self.resample_steps == 0).nonzero().squeeze(-1)
+        if len(resample):
+            self.commands[resample] = self._uniform(len(resample), self.command_low, self.command_high)
+        return terms, self.fell
+
+    def _episode_info(self, ended: torch.Tensor) -> dict:
+        steps = self.episode_step.clamp(min=1).float()
+        return {"episode_metrics": {
+            "lin_vel_error": torch.where(ended, self.lin_vel_error_sum / steps, 0.0),
+            "ang_vel_error": torch.where(ended, self.ang_vel_error_sum / steps, 0.0),
+            "fell": (ended & self.fell).float(),
+        }}
