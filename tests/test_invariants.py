@@ -678,6 +678,21 @@ def test_genesis_arm_trains_logs_success_and_reward_terms_and_evaluates(script, 
     assert result["episodes"] == 4 and 0.0 <= result["success_rate"] <= 1.0
 
 
+def test_quadruped_trains_and_logs_and_evaluates_the_task_metrics(script, in_tmp):
+    """Bugs: a task's own episode metrics (tracking errors, falls) lost between info and the logs, averaged over
+    steps instead of over the episodes that ended, or missing from --eval-checkpoint's report."""
+    args = script.args(env_id="Go2WalkNoVel-v0", num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1,
+                       total_timesteps=8 * 8 * 2, hidden_sizes=(16,), env_kwargs={"max_episode_steps": 5})
+    summary = script.module.train(args)
+    for h in summary["history"]:
+        # The robots drop to the ground for the 5 steps, so the error is about the commanded speed (0 to 1 m/s,
+        # about 0.5 over 8 episodes); averaged over every env's steps instead, it would be about 8 times smaller.
+        assert 0.2 < h["episode_metrics/lin_vel_error"] < 1.0 and h["episode_metrics/fell"] == 0.0
+    result = script.module.evaluate(summary["checkpoint"], episodes=3, device="cpu", sim_device="cpu")
+    assert result["episodes"] == 3 and result["mean_length"] == 5.0 and result["fell"] == 0.0
+    assert 0.05 < result["lin_vel_error"] < 1.0 and 0.0 < result["ang_vel_error"] < 1.0
+
+
 # ---------------------------------------------------------------- the command line
 def help_defaults(script, *flags) -> dict[str, str]:
     """--help's shown default of every flag, for the given flags (e.g. the task)."""

@@ -1,0 +1,274 @@
+"""The envs/ contract and the task's documented details on Go2Walk-v0 and Go2WalkNoVel-v0 (CPU backend, a few envs).
+
+Scene builds take seconds, so the scenes are module fixtures; each test starts from its own seeded reset.
+"""
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import envs
+from conftest import check_episode_statistics
+from envs.go2 import JOINT_NAMES, OBS_SCALES, Go2WalkVecEnv
+
+EPISODE = 10
+CPU = dict(sim_device="cpu", stagger_episodes=False)
+
+
+def actions(num_envs, steps, seed=0, scale=0.5):
+    g = torch.Generator().manual_seed(seed)
+    return [scale * torch.randn(num_envs, 12, generator=g) for _ in range(steps)]
+
+
+@pytest.fixture(scope="module")
+def batch():
+    vec = gym.make_vec("Go2Walk-v0", num_envs=4, seed=0, max_episode_steps=EPISODE, **CPU)
+    yield vec
+    vec.close()
+
+
+@pytest.fixture(scope="module")
+def long():
+    """One robot, episodes three times as long as `batch`'s, same seed."""
+    vec = envs.make("Go2Walk-v0", num_envs=1, seed=0, max_episode_steps=3 * EPISODE, **CPU)
+    yield vec
+    vec.close()
+
+
+def rotate_to_body(vector: torch.Tensor, quat: torch.Tensor) -> torch.Tensor:
+    """World-frame vectors in the base's frame: R(q)^T v, with R built from (w, x, y, z) by hand (not Genesis)."""
+    w, x, y, z = quat.unbind(-1)
+    rotation = torch.stack([
+        torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
+        torch.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
+        torch.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1),
+    ], -2)
+    return (rotation.transpose(-1, -2) @ vector.unsqueeze(-1)).squeeze(-1)
+
+
+def test_registered_vector_entry_point_builds_the_native_batched_env(batch):
+    """Bug: gym.make_vec wraps the Genesis task in a per-env SyncVectorEnv (or fails) instead."""
+    assert isinstance(batch, Go2WalkVecEnv)
+    obs, _ = batch.reset(seed=0)
+    assert obs.shape == (4, 48) and obs.dtype == torch.float32
+    assert batch.single_action_space.shape == (12,)
+
+
+def test_observation_layout_and_scales_match_the_simulator_state(batch):
+    """Bugs: a velocity in the world frame instead of the body's, a scale applied twice or not at all, joints in
+    another order than the actions, or the previous action instead of the one just applied."""
+    batch.reset(seed=1)
+    for action in actions(4, 6, seed=1):
+        obs = batch.step(action)[0]
+    robot = batch.robot
+    quat = robot.get_quat()
+    motor_dofs = [robot.get_joint(name).dof_start for name in JOINT_NAMES]
+    expected = {
+        (0, 3): rotate_to_body(robot.get_vel(), quat) * OBS_SCALES["lin_vel"],
+        (3, 6): rotate_to_body(robot.get_ang(), quat) * OBS_SCALES["ang_vel"],
+        (6, 9): rotate_to_body(torch.tensor([0.0, 0.0, -1.0]).expand(4, 3), quat),
+        (9, 12): batch.commands * torch.tensor([2.0, 2.0, 0.25]),
+        (12, 24): robot.get_dofs_position(motor_dofs) - torch.tensor([0.0, 0.8, -1.5, 0.0, 0.8, -1.5,
+                                                                      0.0, 1.0, -1.5, 0.0, 1.0, -1.5]),
+        (24, 36): robot.get_dofs_velocity(motor_dofs) * OBS_SCALES["dof_vel"],
+        (36, 48): action,
+    }
+    for (start, end), value in expected.items():
+        torch.testing.assert_close(obs[:, start:end], value, atol=1e-4, rtol=1e-4, msg=f"obs[{start}:{end}]")
+    assert obs[:, 0:6].abs().max() > 1e-2  # the robots move: the velocity entries are not trivially zero
+
+
+def test_novel_variant_hides_exactly_the_base_velocities(batch):
+    """Bug: the memory variant leaks a base velocity (or drops a joint entry) and no longer needs memory."""
+    novel = envs.make("Go2WalkNoVel-v0", num_envs=4, seed=0, max_episode_steps=EPISODE, **CPU)
+    assert novel.single_observation_space.shape == (42,)
+    full_obs, _ = batch.reset(seed=2)
+    novel_obs, _ = novel.reset(seed=2)
+    for action in actions(4, 4, seed=2):
+        torch.testing.assert_close(novel_obs, full_obs[:, 6:], atol=1e-5, rtol=1e-5)
+        full_obs, novel_obs = batch.step(action)[0], novel.step(action)[0]
+    novel.close()
+
+
+def test_actions_act_one_step_late_as_on_the_robot(batch):
+    """Bug: the simulated latency is lost (the action acts at once) or doubled (two steps late)."""
+    batch.reset(seed=3)
+    kick = torch.zeros(4, 12)
+    kick[1] = 2.0  # env 1 bends every joint 0.5 rad; env 0 holds the default pose
+    standing = batch.step(kick)[0]
+    torch.testing.assert_close(standing[1, 12:36], standing[0, 12:36])  # same joints after the first step
+    moved = batch.step(torch.zeros(4, 12))[0]
+    assert (moved[1, 12:24] - moved[0, 12:24]).abs().min() > 0.01  # the kick acted on the second step (kp 20: soft)
+
+
+def test_final_obs_is_the_last_obs_of_the_truncated_episode(batch, long):
+    """Bug: bootstrapping a time-limited episode from the reset observation (standing at the start, new command)."""
+    obs, _ = batch.reset(seed=4)
+    long_obs, _ = long.reset(seed=4)
+    torch.testing.assert_close(obs[:1], long_obs)
+    for t, action in enumerate(actions(1, EPISODE, seed=4, scale=0.3)):
+        obs, _, terminated, truncated, info = batch.step(action.expand(4, 12))
+        long_obs, _, long_terminated, long_truncated, _ = long.step(action)
+        assert not long_terminated.any() and not long_truncated.any()
+        assert not terminated[0] and truncated[0].item() == (t == EPISODE - 1)
+        torch.testing.assert_close(info["final_obs"][:1], long_obs, atol=1e-4, rtol=1e-4)
+    assert info["episode"]["l"][0].item() == EPISODE and info["episode_metrics"]["fell"][0].item() == 0.0
+    assert obs[0, 12:36].abs().max() < 1e-4  # the next episode starts in the default pose, at rest
+
+
+def test_tipping_over_terminates_and_counts_as_a_fall(batch):
+    """Bugs: a fall reported as a truncation (so bootstrapped as if the robot walked on), or a tilt below the
+    limit ending the episode."""
+    batch.reset(seed=5)
+    roll = math.radians(25.0)  # env 2 rolls past 10 degrees; env 3 leans 5 degrees and must go on
+    lean = math.radians(5.0)
+    qpos = batch.robot.get_qpos()
+    qpos[2, 3:7] = torch.tensor([math.cos(roll / 2), math.sin(roll / 2), 0.0, 0.0])
+    qpos[3, 3:7] = torch.tensor([math.cos(lean / 2), 0.0, math.sin(lean / 2), 0.0])
+    batch.robot.set_qpos(qpos, zero_velocity=True)
+    obs, reward, terminated, truncated, info = batch.step(torch.zeros(4, 12))
+    assert terminated.tolist() == [False, False, True, False] and not truncated.any()
+    assert info["episode_metrics"]["fell"].tolist() == [0.0, 0.0, 1.0, 0.0]
+    assert info["final_obs"][2, 7] < -math.sin(math.radians(10.0))  # gravity seen sideways: the tilted last state
+    assert obs[2, 6:9].tolist() == pytest.approx([0.0, 0.0, -1.0], abs=1e-4)  # upright again in the next one
+
+
+def test_commands_are_drawn_in_range_and_renewed_every_resampling_period():
+    """Bugs: commands drawn once per episode (the example's 4-s renewal lost), or outside the documented ranges."""
+    vec = envs.make("Go2Walk-v0", num_envs=64, seed=6, resampling_time_s=0.1, max_episode_steps=100, **CPU)
+    obs, _ = vec.reset()
+    seen = [obs[:, 9:12] / torch.tensor([2.0, 2.0, 0.25])]
+    for _ in range(10):
+        obs = vec.step(torch.zeros(64, 12))[0]
+        seen.append(obs[:, 9:12] / torch.tensor([2.0, 2.0, 0.25]))
+    vec.close()
+    changed = [not torch.allclose(seen[t], seen[t - 1]) for t in range(1, 11)]
+    assert changed == [t % 5 == 0 for t in range(1, 11)]  # 0.1 s = 5 steps of 0.02 s
+    commands = torch.cat(seen)
+    assert commands[:, 0].min() >= 0.0 and commands[:, 0].max() <= 1.0 and commands[:, 0].std() > 0.2
+    assert (commands[:, 1] == 0).all() and commands[:, 2].abs().max() <= 0.5 + 1e-6
+
+
+def test_reward_terms_sum_to_the_reward_with_the_documented_signs(batch):
+    """Bug: a term with the wrong sign (rewarding a bouncing base) or one left out of the sum."""
+    batch.reset(seed=7)
+    seen = {}
+    for action in actions(4, 8, seed=7):
+        _, reward, _, _, info = batch.step(action)
+        torch.testing.assert_close(sum(info["reward_terms"].values()), reward)
+        for name, value in info["reward_terms"].items():
+            seen.setdefault(name, []).append(value)
+    seen = {name: torch.cat(values) for name, values in seen.items()}
+    assert set(seen) == {"tracking_lin_vel", "tracking_ang_vel", "lin_vel_z", "base_height", "action_rate",
+                         "similar_to_default"}
+    for name in ("tracking_lin_vel", "tracking_ang_vel"):
+        assert (seen[name] > 0).all() and (seen[name] <= 0.02 * (1.0 if "lin" in name else 0.2) + 1e-7).all()
+    for name in ("lin_vel_z", "base_height", "action_rate", "similar_to_default"):
+        assert (seen[name] <= 0).all() and (seen[name] < 0).any(), name
+
+
+def test_episode_metrics_are_the_episode_means_of_the_tracking_errors(batch):
+    """Bug: the tracking errors reported at episode end are the last step's, or include the next episode."""
+    batch.reset(seed=8)
+    lin_errors, ang_errors = [], []
+    for action in actions(4, EPISODE, seed=8, scale=0.3):
+        obs, _, _, _, info = batch.step(action)
+        final = info["final_obs"]
+        lin_errors.append((final[:, 9:11] - final[:, 0:2]).norm(dim=-1) / OBS_SCALES["lin_vel"])
+        ang_errors.append((final[:, 11] - final[:, 5]).abs() / OBS_SCALES["ang_vel"])
+    ended = info["episode"]["mask"]
+    assert ended.all()
+    metrics = info["episode_metrics"]
+    torch.testing.assert_close(metrics["lin_vel_error"], torch.stack(lin_errors).mean(0), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(metrics["ang_vel_error"], torch.stack(ang_errors).mean(0), atol=1e-4, rtol=1e-4)
+
+
+def test_episode_statistics_are_raw_returns_and_lengths(batch):
+    """Bug: returns that are not the sum of raw rewards, or lengths that run across episodes."""
+    batch.reset(seed=9)
+    assert check_episode_statistics(batch, actions(4, 25, seed=9, scale=1.5)) >= 8
+
+
+def test_same_seed_reproduces_the_trajectory_and_another_seed_does_not(long):
+    """Bug: commands drawn from an unseeded generator."""
+    trajectories = []
+    for seed in (3, 3, 4):
+        obs, _ = long.reset(seed=seed)
+        steps = [obs]
+        for action in actions(1, 5, seed=1):
+            steps.append(long.step(action)[0])
+        trajectories.append(torch.stack(steps))
+    torch.testing.assert_close(trajectories[0], trajectories[1], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(trajectories[0], trajectories[2])
+
+
+def test_state_dict_resumes_the_same_trajectory(batch):
+    """Bug: a resumed run restarts the robots, forgets the commands or the action in flight (the latency).
+    Genesis's contact solver keeps a warm start that is not part of the state, so trajectories agree to float
+    precision only until the next new contact (the feet land at about the sixth step)."""
+    batch.reset(seed=10)
+    for action in actions(4, 3, seed=10):
+        batch.step(action)
+    state = batch.state_dict()
+    later = actions(4, 2, seed=11)
+    expected = [batch.step(action)[0] for action in later]
+    other = envs.make("Go2Walk-v0", num_envs=4, seed=99, max_episode_steps=EPISODE, **CPU)
+    other.reset()
+    other.load_state_dict(state)
+    for action, obs in zip(later, expected):
+        torch.testing.assert_close(other.step(action)[0], obs, atol=1e-5, rtol=1e-5)
+    other.close()
+
+
+def test_subset_reset_touches_only_the_masked_envs(batch):
+    """Bug: resetting one robot moves the others or redraws their commands."""
+    batch.reset(seed=12)
+    for action in actions(4, 3, seed=12):
+        obs = batch.step(action)[0]
+    mask = torch.tensor([False, True, False, False])
+    new_obs, _ = batch.reset(options={"reset_mask": mask})
+    torch.testing.assert_close(new_obs[~mask], obs[~mask])
+    assert batch.episode_step[1] == 0 and new_obs[1, 12:36].abs().max() < 1e-4
+
+
+def test_nonfinite_state_in_one_env_resets_that_env_only(batch):
+    """Bug: one diverged robot raises for the whole batch or poisons the rollout with NaN."""
+    batch.reset(seed=13)
+    obs = batch.step(torch.zeros(4, 12))[0]
+    batch.robot.set_dofs_velocity(torch.full((1, 18), float("nan")), envs_idx=[3])
+    new_obs, reward, terminated, truncated, info = batch.step(torch.zeros(4, 12))
+    assert info["sim_errors"].tolist() == [False, False, False, True]
+    assert truncated[3] and not terminated.any() and torch.isfinite(reward).all()
+    torch.testing.assert_close(info["final_obs"][3], obs[3])
+    for _ in range(12):  # past Genesis's periodic whole-batch error check
+        assert torch.isfinite(batch.step(torch.zeros(4, 12))[0]).all()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"dt": 0.0}, "dt"),
+    ({"lin_vel_x_range": (1.0, 0.0)}, "lin_vel_x_range"),
+    ({"max_episode_steps": 0}, "max_episode_steps"),
+    ({"render_mode": "human"}, "render_mode"),
+])
+def test_bad_arguments_raise_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        envs.make("Go2Walk-v0", num_envs=2, sim_device="cpu", **kwargs)
+
+
+def test_headless_video_frame_shows_the_robot():
+    """Bug: --capture-video needs a display, renders a blank frame, or loses the robot once it walks away."""
+    vec = envs.make("Go2Walk-v0", num_envs=2, sim_device="cpu", render_mode="rgb_array")
+    vec.reset()
+    qpos = vec.robot.get_qpos()
+    qpos[:, 0] += 5.0  # five metres away from where the camera started
+    vec.robot.set_qpos(qpos, zero_velocity=True)
+    vec.step(torch.zeros(2, 12))
+    frame = vec.render()
+    vec.close()
+    assert frame.shape == (360, 480, 3) and frame.dtype == np.uint8
+    # The robot (light grey) stays in the middle of the frame, over a dark checkered floor.
+    bright = frame.mean(-1) > 150
+    assert bright[100:260, 140:340].mean() > 0.02 and bright.mean() < 0.05
