@@ -42,13 +42,13 @@ REFERENCES = {
 # Sections written by the other benchmark commands, copied into the report when their files exist.
 EXTRA_SECTIONS = [
     ("FrankaReach-v0: success rate against steps and wall time", "franka_reach_success.md",
-     "python ppo_continuous.py --exp-name default\npython benchmarks/franka_curve.py --run-dir runs/FrankaReach-v0__default__1__<time>"),
+     "python ppo_continuous.py --exp-name default\npython benchmarks/eval_curve.py --run-dir runs/FrankaReach-v0__default__1__<time>"),
     ("FrankaReachNoVel-v0 (velocities hidden) with ppo_recurrent.py", "franka_reach_success_recurrent.md",
      "python ppo_recurrent.py --exp-name default\n"
-     "python benchmarks/franka_curve.py --run-dir runs/FrankaReachNoVel-v0__default__1__<time>"),
+     "python benchmarks/eval_curve.py --run-dir runs/FrankaReachNoVel-v0__default__1__<time>"),
     ("FrankaReach-v0 with ppo_transformer.py (token mode)", "franka_reach_success_transformer.md",
      "python ppo_transformer.py --exp-name default_transformer\n"
-     "python benchmarks/franka_curve.py --run-dir runs/FrankaReach-v0__default_transformer__1__<time>"),
+     "python benchmarks/eval_curve.py --run-dir runs/FrankaReach-v0__default_transformer__1__<time>"),
     ("Training throughput relative to the raw environment", "train_throughput.md",
      "python benchmarks/train_throughput.py --env-id HalfCheetah-v5 --num-envs 1 --out benchmarks/results/train_throughput.md\n"
      "python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 256 --out benchmarks/results/train_throughput.md\n"

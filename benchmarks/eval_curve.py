@@ -1,0 +1,124 @@
+"""A run's evaluation metrics against environment steps and wall time, from its event file and checkpoints.
+
+    python ppo_continuous.py --exp-name default                       # the default command, ~18 min on 2 cores
+    python benchmarks/eval_curve.py --run-dir runs/FrankaReach-v0__default__1__<time>
+    python benchmarks/eval_curve.py --run-dir runs/FrankaReachNoVel-v0__default__1__<time>   # ppo_recurrent.py
+    python benchmarks/eval_curve.py --run-dir runs/Go2Walk-v0__go2__1__<time>
+
+Every periodic checkpoint is evaluated here (the script's own --eval-checkpoint: mean action, frozen normaliser,
+fresh episodes, --episodes of them); the training-time values (with exploration noise) come from the TensorBoard
+events (TensorBoard's own reader). Plotted: the success rate for tasks that report one, else every metric of the
+task's `info["episode_metrics"]` (Go2Walk-v0: tracking errors and falls). Writes a PNG and a Markdown table.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+import tyro  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.report import script_of  # noqa: E402
+
+# What evaluate() reports besides the task's metrics.
+GENERAL = ("episodes", "mean_return", "std_return", "mean_length", "video")
+# Metric -> (axis label, target line or None, training tag).
+LABELS = {
+    "success_rate": ("success rate", 0.95, "charts/success_rate"),
+    "fell": ("fall rate", 0.05, "episode_metrics/fell"),
+    "lin_vel_error": ("linear-velocity tracking error (m/s)", 0.1, "episode_metrics/lin_vel_error"),
+    "ang_vel_error": ("yaw-rate tracking error (rad/s)", None, "episode_metrics/ang_vel_error"),
+}
+
+
+@dataclass
+class Args:
+    run_dir: str
+    """the run directory of a training run with periodic checkpoints"""
+    episodes: int = 1000
+    """evaluation episodes per checkpoint"""
+    out_dir: str = "benchmarks/results"
+    """where the PNG and the Markdown table go"""
+    script: str | None = None
+    """the script that trained the run (None: recognised from its args.json)"""
+    stem: str | None = None
+    """file name of the PNG and the table (None: franka_reach_success[_script] for the arm, else env_script_eval)"""
+
+
+def default_stem(env_id: str, script: str) -> str:
+    suffix = "" if script == "ppo_continuous" else f"_{script.removeprefix('ppo_')}"
+    if env_id.startswith("FrankaReach"):  # the names the arm's results have had since the first benchmarks
+        return "franka_reach_success" + suffix
+    return f"{env_id.split('-')[0].lower()}_{script.removeprefix('ppo_')}_eval"
+
+
+def main(args: Args) -> str:
+    with open(os.path.join(args.run_dir, "args.json")) as f:
+        saved = json.load(f)
+    script = args.script or script_of(saved).removesuffix(".py")
+    module = importlib.import_module(script)
+    stem = args.stem or default_stem(saved["env_id"], script)
+    events = EventAccumulator(args.run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    # Wall time from the start of training: the first event is logged at the end of the first iteration.
+    first_iteration = events.Scalars("time/rollout_s")[0].value + events.Scalars("time/update_s")[0].value
+    sps = events.Scalars("charts/SPS")
+    start = sps[0].wall_time - first_iteration
+    wall_of_step = {s.step: s.wall_time - start for s in sps}
+
+    rows = []
+    for path in sorted(glob.glob(os.path.join(args.run_dir, "checkpoint_*.pt"))):
+        step = torch.load(path, map_location="cpu", weights_only=True)["global_step"]
+        result = module.evaluate(path, episodes=args.episodes, device="cpu", sim_device="cpu")
+        iteration = int(re.search(r"checkpoint_(\d+)", path).group(1))
+        rows.append(dict(result, iteration=iteration, step=step, wall=wall_of_step.get(step, float("nan"))))
+    metrics = ["success_rate"] if "success_rate" in rows[0] else [k for k in rows[0] if k in LABELS]
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    fig, axes = plt.subplots(len(metrics), 2, figsize=(11, 3.6 * len(metrics)), sharey="row", squeeze=False)
+    for row_axes, metric in zip(axes, metrics):
+        label, target, tag = LABELS.get(metric, (metric, None, f"episode_metrics/{metric}"))
+        train = events.Scalars(tag) if tag in events.Tags()["scalars"] else []
+        for ax, x_train, x_eval, x_label in (
+            (row_axes[0], [s.step / 1e6 for s in train], [r["step"] / 1e6 for r in rows], "environment steps (millions)"),
+            (row_axes[1], [wall_of_step.get(s.step, float("nan")) / 60 for s in train], [r["wall"] / 60 for r in rows],
+             "wall time (minutes, 2 CPU cores)"),
+        ):
+            ax.plot(x_train, [s.value for s in train], label="training episodes (exploration noise)", alpha=0.7)
+            ax.plot(x_eval, [r[metric] for r in rows], "o-", label=f"evaluation ({args.episodes} episodes, mean action)")
+            if target is not None:
+                ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target}")
+            ax.set_xlabel(x_label)
+            ax.grid(alpha=0.3)
+        row_axes[0].set_ylabel(label)
+    axes[0][0].legend(loc="best")
+    fig.suptitle(f"{script}.py on {saved['env_id']}")
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out_dir, f"{stem}.png"), dpi=120)
+
+    columns = metrics + ["mean_length", "mean_return"]
+    table = ["| iteration | steps | wall time | " + " | ".join(f"eval {c}" for c in columns) + " |",
+             "|---:|---:|---:|" + "---:|" * len(columns)]
+    table += [f"| {r['iteration']} | {r['step']:,} | {r['wall'] / 60:.1f} min | "
+              + " | ".join(f"{r[c]:.3f}" for c in columns) + " |" for r in rows]
+    text = "\n".join(table) + "\n"
+    with open(os.path.join(args.out_dir, f"{stem}.md"), "w") as f:
+        f.write(f"Run: `{os.path.basename(os.path.normpath(args.run_dir))}`\n\n" + text)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
