@@ -86,6 +86,17 @@ def check_episode_statistics(vec, actions, on_step=None) -> int:
     return finished
 
 
+def check_seeding(runs, actions, atol: float) -> None:
+    """`runs`: three (env, seed) pairs, the first two alike; the observations after resetting each with its seed and
+    stepping `actions` must agree for the first two (to `atol`) and differ for the third."""
+    trajectories = []
+    for env, seed in runs:
+        obs, _ = env.reset(seed=seed)
+        trajectories.append(torch.stack([obs] + [env.step(action)[0] for action in actions]))
+    torch.testing.assert_close(trajectories[0], trajectories[1], atol=atol, rtol=atol)
+    assert not torch.allclose(trajectories[0], trajectories[2])
+
+
 # ---------------------------------------------------------------- one adapter per script
 class Script:
     """Calls one script's agent and loss the same way for every script: single steps from a fresh episode
