@@ -1,9 +1,14 @@
 """Raw environment throughput: env-steps/s with uniformly random actions, no policy.
 
     python benchmarks/env_throughput.py --env-id FrankaReach-v0 --num-envs 1 16 64 256 1024
+    python benchmarks/env_throughput.py --env-id Go2Walk-v0 --num-envs 64 256 1024 4096
 
 Prints a Markdown table (and writes it to --out if given). Each batch size gets its own scene
-in the same process, one warm-up of --warmup steps, then --steps timed steps.
+in the same process, one warm-up of --warmup steps, then --steps timed steps. Actions are uniform in the
+action space clipped to [-1, 1] (the quadruped's space is the example's +-100 clip, which only saturates).
+For natively batched Genesis tasks a second column times the simulator alone: the same scene's own
+`scene.step()` loop (`decimation` physics steps per agent step) with the last commands held, and nothing
+else, so the ratio between the columns is what `envs/` costs (observations, rewards, resets, bookkeeping).
 """
 
 from __future__ import annotations
@@ -35,25 +40,41 @@ class Args:
     """also write the table to this Markdown file"""
 
 
-def env_steps_per_second(env_id: str, num_envs: int, steps: int, warmup: int, **env_kwargs) -> float:
+def timed(step, steps: int, warmup: int) -> float:
+    """Seconds for `steps` calls of `step()` after `warmup` untimed ones."""
+    for _ in range(warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return time.perf_counter() - start
+
+
+def env_steps_per_second(env_id: str, num_envs: int, steps: int, warmup: int, **env_kwargs) -> tuple[float, float]:
+    """(steps/s through envs/, steps/s of the simulator alone, or NaN for tasks without a scene of their own)."""
     vec = envs.make(env_id, num_envs=num_envs, seed=0, **env_kwargs)
-    low = torch.as_tensor(vec.single_action_space.low)
-    high = torch.as_tensor(vec.single_action_space.high)
+    low = torch.as_tensor(vec.single_action_space.low).clamp(min=-1.0)
+    high = torch.as_tensor(vec.single_action_space.high).clamp(max=1.0)
     vec.reset()
-    for i in range(warmup + steps):
-        if i == warmup:
-            start = time.perf_counter()
-        vec.step(low + (high - low) * torch.rand(num_envs, len(low)))
-    elapsed = time.perf_counter() - start
+    through_envs = timed(lambda: vec.step(low + (high - low) * torch.rand(num_envs, len(low))), steps, warmup)
+    scene = getattr(vec, "scene", None)
+    alone = float("nan")
+    if scene is not None:
+        def physics():
+            for _ in range(vec.decimation):
+                scene.step()
+
+        alone = steps * num_envs / timed(physics, steps, warmup)
     vec.close()
-    return steps * num_envs / elapsed
+    return steps * num_envs / through_envs, alone
 
 
 def main(args: Args) -> str:
-    rows = [f"| num_envs | env-steps/s |", "|---:|---:|"]
+    rows = ["| num_envs | simulator alone (steps/s) | through envs/ (steps/s) | envs/ / simulator |", "|---:|---:|---:|---:|"]
     for n in args.num_envs:
-        sps = env_steps_per_second(args.env_id, n, args.steps, args.warmup)
-        rows.append(f"| {n} | {sps:,.0f} |")
+        sps, alone = env_steps_per_second(args.env_id, n, args.steps, args.warmup)
+        known = alone == alone  # NaN: a Gymnasium task (no scene of its own to time)
+        rows.append(f"| {n} | {f'{alone:,.0f}' if known else '-'} | {sps:,.0f} | {f'{sps / alone:.2f}' if known else '-'} |")
         print(rows[-1], flush=True)
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
     table = f"Raw {args.env_id} throughput, random actions ({machine}):\n\n" + "\n".join(rows) + "\n"

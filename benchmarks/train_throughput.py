@@ -82,7 +82,7 @@ def main(args: Args) -> list[dict]:
             f.write(header + "\n")
     results = []
     for num_envs in args.num_envs:
-        raw_sps = env_steps_per_second(args.env_id, num_envs, max(args.raw_steps // num_envs, 50), warmup=10)
+        raw_sps = env_steps_per_second(args.env_id, num_envs, max(args.raw_steps // num_envs, 50), warmup=10)[0]
         num_steps, first_sps = None, None
         for script in args.scripts:
             r = measure(script, args.env_id, num_envs, num_steps, args.iterations)
