@@ -31,6 +31,26 @@ def batch():
 
 
 @pytest.fixture(scope="module")
+def novel():
+    vec = envs.make("Go2WalkNoVel-v0", num_envs=4, seed=0, max_episode_steps=EPISODE, **CPU)
+    yield vec
+    vec.close()
+
+
+@pytest.fixture(params=["Go2Walk-v0", "Go2WalkNoVel-v0"])
+def either(request):
+    """Each id in turn, for the contract's tests (the same 4-env scenes as `batch` and `novel`)."""
+    return request.getfixturevalue("batch" if request.param == "Go2Walk-v0" else "novel")
+
+
+def block(vec, name: str) -> slice:
+    """Where an observation block is in `vec`'s observation (NoVel drops the first six entries)."""
+    start, end = {"gravity": (6, 9), "joints": (12, 36), "joint_positions": (12, 24)}[name]
+    shift = vec.single_observation_space.shape[0] - 48
+    return slice(start + shift, end + shift)
+
+
+@pytest.fixture(scope="module")
 def long():
     """One robot, episodes three times as long as `batch`'s, same seed."""
     vec = envs.make("Go2Walk-v0", num_envs=1, seed=0, max_episode_steps=3 * EPISODE, **CPU)
@@ -81,27 +101,26 @@ def test_observation_layout_and_scales_match_the_simulator_state(batch):
     assert obs[:, 0:6].abs().max() > 1e-2  # the robots move: the velocity entries are not trivially zero
 
 
-def test_novel_variant_hides_exactly_the_base_velocities(batch):
+def test_novel_variant_hides_exactly_the_base_velocities(batch, novel):
     """Bug: the memory variant leaks a base velocity (or drops a joint entry) and no longer needs memory."""
-    novel = envs.make("Go2WalkNoVel-v0", num_envs=4, seed=0, max_episode_steps=EPISODE, **CPU)
     assert novel.single_observation_space.shape == (42,)
     full_obs, _ = batch.reset(seed=2)
     novel_obs, _ = novel.reset(seed=2)
     for action in actions(4, 4, seed=2):
         torch.testing.assert_close(novel_obs, full_obs[:, 6:], atol=1e-5, rtol=1e-5)
         full_obs, novel_obs = batch.step(action)[0], novel.step(action)[0]
-    novel.close()
 
 
-def test_actions_act_one_step_late_as_on_the_robot(batch):
+def test_actions_act_one_step_late_as_on_the_robot(either):
     """Bug: the simulated latency is lost (the action acts at once) or doubled (two steps late)."""
-    batch.reset(seed=3)
+    either.reset(seed=3)
     kick = torch.zeros(4, 12)
     kick[1] = 2.0  # env 1 bends every joint 0.5 rad; env 0 holds the default pose
-    standing = batch.step(kick)[0]
-    torch.testing.assert_close(standing[1, 12:36], standing[0, 12:36])  # same joints after the first step
-    moved = batch.step(torch.zeros(4, 12))[0]
-    assert (moved[1, 12:24] - moved[0, 12:24]).abs().min() > 0.01  # the kick acted on the second step (kp 20: soft)
+    standing = either.step(kick)[0]
+    joints, positions = block(either, "joints"), block(either, "joint_positions")
+    torch.testing.assert_close(standing[1, joints], standing[0, joints])  # same joints after the first step
+    moved = either.step(torch.zeros(4, 12))[0]
+    assert (moved[1, positions] - moved[0, positions]).abs().min() > 0.01  # the kick acted on the second step (kp 20: soft)
 
 
 def test_final_obs_is_the_last_obs_of_the_truncated_episode(batch, long):
@@ -119,21 +138,22 @@ def test_final_obs_is_the_last_obs_of_the_truncated_episode(batch, long):
     assert obs[0, 12:36].abs().max() < 1e-4  # the next episode starts in the default pose, at rest
 
 
-def test_tipping_over_terminates_and_counts_as_a_fall(batch):
+def test_tipping_over_terminates_and_counts_as_a_fall(either):
     """Bugs: a fall reported as a truncation (so bootstrapped as if the robot walked on), or a tilt below the
     limit ending the episode."""
-    batch.reset(seed=5)
+    either.reset(seed=5)
     roll = math.radians(25.0)  # env 2 rolls past 10 degrees; env 3 leans 5 degrees and must go on
     lean = math.radians(5.0)
-    qpos = batch.robot.get_qpos()
+    qpos = either.robot.get_qpos()
     qpos[2, 3:7] = torch.tensor([math.cos(roll / 2), math.sin(roll / 2), 0.0, 0.0])
     qpos[3, 3:7] = torch.tensor([math.cos(lean / 2), 0.0, math.sin(lean / 2), 0.0])
-    batch.robot.set_qpos(qpos, zero_velocity=True)
-    obs, reward, terminated, truncated, info = batch.step(torch.zeros(4, 12))
+    either.robot.set_qpos(qpos, zero_velocity=True)
+    obs, reward, terminated, truncated, info = either.step(torch.zeros(4, 12))
     assert terminated.tolist() == [False, False, True, False] and not truncated.any()
     assert info["episode_metrics"]["fell"].tolist() == [0.0, 0.0, 1.0, 0.0]
-    assert info["final_obs"][2, 7] < -math.sin(math.radians(10.0))  # gravity seen sideways: the tilted last state
-    assert obs[2, 6:9].tolist() == pytest.approx([0.0, 0.0, -1.0], abs=1e-4)  # upright again in the next one
+    gravity = block(either, "gravity")
+    assert info["final_obs"][2, gravity][1] < -math.sin(math.radians(10.0))  # seen sideways: the tilted last state
+    assert obs[2, gravity].tolist() == pytest.approx([0.0, 0.0, -1.0], abs=1e-4)  # upright again in the next one
 
 
 def test_commands_are_drawn_in_range_and_renewed_every_resampling_period():
@@ -152,12 +172,12 @@ def test_commands_are_drawn_in_range_and_renewed_every_resampling_period():
     assert (commands[:, 1] == 0).all() and commands[:, 2].abs().max() <= 0.5 + 1e-6
 
 
-def test_reward_terms_sum_to_the_reward_with_the_documented_signs(batch):
+def test_reward_terms_sum_to_the_reward_with_the_documented_signs(either):
     """Bug: a term with the wrong sign (rewarding a bouncing base) or one left out of the sum."""
-    batch.reset(seed=7)
+    either.reset(seed=7)
     seen = {}
     for action in actions(4, 8, seed=7):
-        _, reward, _, _, info = batch.step(action)
+        _, reward, _, _, info = either.step(action)
         torch.testing.assert_close(sum(info["reward_terms"].values()), reward)
         for name, value in info["reward_terms"].items():
             seen.setdefault(name, []).append(value)
@@ -186,10 +206,10 @@ def test_episode_metrics_are_the_episode_means_of_the_tracking_errors(batch):
     torch.testing.assert_close(metrics["ang_vel_error"], torch.stack(ang_errors).mean(0), atol=1e-4, rtol=1e-4)
 
 
-def test_episode_statistics_are_raw_returns_and_lengths(batch):
+def test_episode_statistics_are_raw_returns_and_lengths(either):
     """Bug: returns that are not the sum of raw rewards, or lengths that run across episodes."""
-    batch.reset(seed=9)
-    assert check_episode_statistics(batch, actions(4, 25, seed=9, scale=1.5)) >= 8
+    either.reset(seed=9)
+    assert check_episode_statistics(either, actions(4, 25, seed=9, scale=1.5)) >= 8
 
 
 def test_same_seed_reproduces_the_trajectory_and_another_seed_does_not(long):
@@ -197,17 +217,18 @@ def test_same_seed_reproduces_the_trajectory_and_another_seed_does_not(long):
     check_seeding([(long, 3), (long, 3), (long, 4)], actions(1, 5, seed=1), atol=1e-5)
 
 
-def test_state_dict_resumes_the_same_trajectory(batch):
+def test_state_dict_resumes_the_same_trajectory(either):
     """Bug: a resumed run restarts the robots, forgets the commands or the action in flight (the latency).
     Genesis's contact solver keeps a warm start that is not part of the state, so trajectories agree to float
     precision only until the next new contact (the feet land at about the sixth step)."""
-    batch.reset(seed=10)
+    either.reset(seed=10)
     for action in actions(4, 3, seed=10):
-        batch.step(action)
-    state = batch.state_dict()
+        either.step(action)
+    state = either.state_dict()
     later = actions(4, 2, seed=11)
-    expected = [batch.step(action)[0] for action in later]
-    other = envs.make("Go2Walk-v0", num_envs=4, seed=99, max_episode_steps=EPISODE, **CPU)
+    expected = [either.step(action)[0] for action in later]
+    other = envs.make("Go2Walk-v0", num_envs=4, seed=99, max_episode_steps=EPISODE,
+                      observe_base_velocity=either.observe_base_velocity, **CPU)
     other.reset()
     other.load_state_dict(state)
     for action, obs in zip(later, expected):
@@ -215,28 +236,28 @@ def test_state_dict_resumes_the_same_trajectory(batch):
     other.close()
 
 
-def test_subset_reset_touches_only_the_masked_envs(batch):
+def test_subset_reset_touches_only_the_masked_envs(either):
     """Bug: resetting one robot moves the others or redraws their commands."""
-    batch.reset(seed=12)
+    either.reset(seed=12)
     for action in actions(4, 3, seed=12):
-        obs = batch.step(action)[0]
+        obs = either.step(action)[0]
     mask = torch.tensor([False, True, False, False])
-    new_obs, _ = batch.reset(options={"reset_mask": mask})
+    new_obs, _ = either.reset(options={"reset_mask": mask})
     torch.testing.assert_close(new_obs[~mask], obs[~mask])
-    assert batch.episode_step[1] == 0 and new_obs[1, 12:36].abs().max() < 1e-4
+    assert either.episode_step[1] == 0 and new_obs[1, block(either, "joints")].abs().max() < 1e-4
 
 
-def test_nonfinite_state_in_one_env_resets_that_env_only(batch):
-    """Bug: one diverged robot raises for the whole batch or poisons the rollout with NaN."""
-    batch.reset(seed=13)
-    obs = batch.step(torch.zeros(4, 12))[0]
-    batch.robot.set_dofs_velocity(torch.full((1, 18), float("nan")), envs_idx=[3])
-    new_obs, reward, terminated, truncated, info = batch.step(torch.zeros(4, 12))
+def test_nonfinite_state_in_one_env_resets_that_env_only(either):
+    """Bug: one diverged robot raises for the whole either or poisons the rollout with NaN."""
+    either.reset(seed=13)
+    obs = either.step(torch.zeros(4, 12))[0]
+    either.robot.set_dofs_velocity(torch.full((1, 18), float("nan")), envs_idx=[3])
+    new_obs, reward, terminated, truncated, info = either.step(torch.zeros(4, 12))
     assert info["sim_errors"].tolist() == [False, False, False, True]
     assert truncated[3] and not terminated.any() and torch.isfinite(reward).all()
     torch.testing.assert_close(info["final_obs"][3], obs[3])
-    for _ in range(12):  # past Genesis's periodic whole-batch error check
-        assert torch.isfinite(batch.step(torch.zeros(4, 12))[0]).all()
+    for _ in range(12):  # past Genesis's periodic whole-either error check
+        assert torch.isfinite(either.step(torch.zeros(4, 12))[0]).all()
 
 
 @pytest.mark.parametrize("kwargs,match", [
