@@ -126,9 +126,9 @@ class FrankaReachVecEnv(GenesisVecEnv):
         self.action_rate = (action - self.prev_action).square().sum(-1)
         self.prev_action = action  # observed as the previous action
         self.arm_target = (self.arm_target + self.action_scale * action).clamp(self.arm_lower, self.arm_upper)
-        self._restore_commands()
+        self._send_commands()
 
-    def _restore_commands(self) -> None:
+    def _send_commands(self) -> None:
         """Arm joints track `arm_target`; the fingers are held open."""
         fingers = self.home_qpos[NUM_ARM_JOINTS:].expand(self.num_envs, 2)
         self.robot.control_dofs_position(torch.cat([self.arm_target, fingers], dim=-1))

@@ -1,6 +1,6 @@
 """What every natively batched Genesis task shares: one scene holding all `num_envs` robots, stepped as one.
 
-A task subclasses `GenesisVecEnv` and fills in five hooks; this class owns the contract of DESIGN.md §3
+A task subclasses `GenesisVecEnv` and fills in these hooks; this class owns the contract of DESIGN.md §3
 (same-step autoreset with `final_obs`, raw episode statistics, subset reset, per-env simulator errors,
 exact-resume state, headless rendering), so every task keeps it the same way:
 
@@ -9,7 +9,8 @@ exact-resume state, headless rendering), so every task keeps it the same way:
     _read_state()           read what the task needs from the simulator (after physics and after resets)
     _evaluate(action)       reward terms and the `terminated` mask from that state
     _observe()              the observation from that state
-    _episode_info(ended)    task metrics for the envs whose episode ends on this step (`success`, ...)
+    _episode_info(ended)    task metrics for the envs whose episode ends on this step (`success`, ...), optional
+    _send_commands()        re-send actuator commands that persist between steps (after a restore), optional
 
 and lists its own tensors in `STATE` (saved and restored with the simulator's joint state).
 """
@@ -226,11 +227,12 @@ class GenesisVecEnv(gym.vector.VectorEnv):
         self.generator.set_state(state["generator"])
         self._last_obs = state["last_obs"].to(gs.device)
         self.episodes.load_state_dict(state["episodes"])
-        self._restore_commands()
+        self._send_commands()
         self.seeded = True
 
-    def _restore_commands(self) -> None:
-        """Re-sends the actuator commands that the restored state implies."""
+    def _send_commands(self) -> None:
+        """Sends the actuator commands that the task's state implies (after `load_state_dict`); tasks whose
+        commands are all sent by `_apply_action` need nothing here."""
 
     def render(self) -> np.ndarray:
         """RGB frame of env 0 (make the env with render_mode="rgb_array")."""
