@@ -6,9 +6,10 @@
 Prints a Markdown table (and writes it to --out if given). Each batch size gets its own scene
 in the same process, one warm-up of --warmup steps, then --steps timed steps. Actions are uniform in the
 action space clipped to [-1, 1] (the quadruped's space is the example's +-100 clip, which only saturates).
-For natively batched Genesis tasks a second column times the simulator alone: the same scene's own
-`scene.step()` loop (`decimation` physics steps per agent step) with the last commands held, and nothing
-else, so the ratio between the columns is what `envs/` costs (observations, rewards, resets, bookkeeping).
+For natively batched Genesis tasks a second column is the simulator alone: the time spent inside the scene's
+own `scene.step()` calls (`decimation` per agent step) during the same timed loop, so both columns see the same
+robot states (a separate loop without resets would time robots lying on the floor instead); the ratio between
+the columns is what `envs/` costs (actions, observations, rewards, resets, bookkeeping).
 """
 
 from __future__ import annotations
@@ -56,15 +57,21 @@ def env_steps_per_second(env_id: str, num_envs: int, steps: int, warmup: int, **
     low = torch.as_tensor(vec.single_action_space.low).clamp(min=-1.0)
     high = torch.as_tensor(vec.single_action_space.high).clamp(max=1.0)
     vec.reset()
-    through_envs = timed(lambda: vec.step(low + (high - low) * torch.rand(num_envs, len(low))), steps, warmup)
     scene = getattr(vec, "scene", None)
-    alone = float("nan")
-    if scene is not None:
-        def physics():
-            for _ in range(vec.decimation):
-                scene.step()
+    physics_time = [0.0]
+    if scene is not None:  # time the scene's own steps inside the same loop: the same robot states, falls and all
+        scene_step = scene.step
 
-        alone = steps * num_envs / timed(physics, steps, warmup)
+        def timed_scene_step(*args, **kwargs):
+            start = time.perf_counter()
+            scene_step(*args, **kwargs)
+            physics_time[0] += time.perf_counter() - start
+
+        scene.step = timed_scene_step
+    through_envs = timed(lambda: vec.step(low + (high - low) * torch.rand(num_envs, len(low))), 0, warmup)
+    physics_time[0] = 0.0
+    through_envs = timed(lambda: vec.step(low + (high - low) * torch.rand(num_envs, len(low))), steps, 0)
+    alone = steps * num_envs / physics_time[0] if scene is not None else float("nan")
     vec.close()
     return steps * num_envs / through_envs, alone
 
