@@ -41,10 +41,8 @@ class Args:
     """also write the table to this Markdown file"""
 
 
-def timed(step, steps: int, warmup: int) -> float:
-    """Seconds for `steps` calls of `step()` after `warmup` untimed ones."""
-    for _ in range(warmup):
-        step()
+def timed(step, steps: int) -> float:
+    """Seconds for `steps` calls of `step()`."""
     start = time.perf_counter()
     for _ in range(steps):
         step()
@@ -68,9 +66,13 @@ def env_steps_per_second(env_id: str, num_envs: int, steps: int, warmup: int, **
             physics_time[0] += time.perf_counter() - start
 
         scene.step = timed_scene_step
-    through_envs = timed(lambda: vec.step(low + (high - low) * torch.rand(num_envs, len(low))), 0, warmup)
+    def random_step():
+        vec.step(low + (high - low) * torch.rand(num_envs, len(low)))
+
+    for _ in range(warmup):
+        random_step()
     physics_time[0] = 0.0
-    through_envs = timed(lambda: vec.step(low + (high - low) * torch.rand(num_envs, len(low))), steps, 0)
+    through_envs = timed(random_step, steps)
     alone = steps * num_envs / physics_time[0] if scene is not None else float("nan")
     vec.close()
     return steps * num_envs / through_envs, alone

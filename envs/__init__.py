@@ -25,13 +25,12 @@ from envs.core import MAX_ABS_VALUE, EpisodeTracker, GymnasiumVecEnv, torch_devi
 from envs.memory import register as register_memory_tasks
 from envs.partial import register_variants
 
-__all__ = ["make", "EpisodeTracker", "GymnasiumVecEnv", "GENESIS_IDS", "MAX_ABS_VALUE", "UnknownTaskError"]
+__all__ = ["make", "EpisodeTracker", "GymnasiumVecEnv", "MAX_ABS_VALUE", "UnknownTaskError"]
 
 
 class UnknownTaskError(ValueError):
     """An env id that is not registered (the message suggests close matches)."""
 
-GENESIS_IDS = ("FrankaReach-v0", "FrankaReachNoVel-v0", "Go2Walk-v0", "Go2WalkNoVel-v0")
 
 register_variants()
 register_memory_tasks()

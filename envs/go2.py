@@ -197,9 +197,10 @@ class Go2WalkVecEnv(GenesisVecEnv):
         g = self.projected_gravity
         roll, pitch = torch.atan2(-g[:, 1], -g[:, 2]), torch.asin((g[:, 0]).clamp(-1.0, 1.0))
         self.fell = (roll.abs() > self.max_tilt) | (pitch.abs() > self.max_tilt)
-        resample = (self.episode_step % self.resample_steps == 0).nonzero().squeeze(-1)
-        if len(resample):
-            self.commands[resample] = self._uniform(len(resample), self.command_low, self.command_high)
+        # New commands where a resampling period ends, without a host sync (drawn for every env, kept where due).
+        due = (self.episode_step % self.resample_steps == 0)[:, None]
+        fresh = self._uniform(self.num_envs, self.command_low, self.command_high)
+        self.commands = torch.where(due, fresh, self.commands)
         return terms, self.fell
 
     def _episode_info(self, ended: torch.Tensor) -> dict:
