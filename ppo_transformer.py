@@ -190,9 +190,10 @@ PENDULUM = dict(
 )
 PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDULUM, "PendulumNoVel-v1": PENDULUM}
 # Genesis's locomotion example (rsl_rl's settings, as the arm's) with its entropy bonus and ~10M-step budget; without
-# the base's velocities, attention over the last 8 steps (0.16 s, about a third of a stride) to infer them.
+# the base's velocities, attention over the last 8 steps (0.16 s, about a third of a stride) to infer them, one token
+# of 32 per step (4 tokens per step ran at 1,416 steps/s on 2 CPU cores, one token at 1,951).
 PRESETS["Go2Walk-v0"] = dict(ent_coef=0.01, total_timesteps=10_000_000)
-PRESETS["Go2WalkNoVel-v0"] = dict(PRESETS["Go2Walk-v0"], context_len=8)
+PRESETS["Go2WalkNoVel-v0"] = dict(PRESETS["Go2Walk-v0"], context_len=8, num_tokens=1, token_dim=32)
 
 
 def task_args(env_id: str, **flags) -> Args:
