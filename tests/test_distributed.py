@@ -1,0 +1,277 @@
+"""Data-parallel training under torchrun, on two gloo processes on the CPU (what CI has): every process keeps the
+same network, optimiser and normalisers; two processes with half the data step as one process with all of it;
+process 0 alone writes the run; a two-process run resumes exactly; a process that dies or hangs stops the other
+with one clear line. Each test starts real processes (multiprocessing's spawn, with torchrun's environment
+variables), which call the scripts' own `train`, `cli` and helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import multiprocessing
+import os
+import queue
+import socket
+import time
+
+import pytest
+import torch
+
+from conftest import SCRIPTS, script_named
+
+WORLD = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _process(rank, port, cwd, task, payload, results):
+    os.environ.update(WORLD_SIZE=str(WORLD), RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(WORLD))
+    os.chdir(cwd)
+    torch.set_num_threads(1)
+    try:
+        answer = task(rank, *payload)
+    except BaseException as error:  # noqa: BLE001 - reported to the test, which fails with it
+        answer = RuntimeError(f"process {rank}: {type(error).__name__}: {error}")
+    # As bytes: torch would pass tensors as shared-memory handles, gone once this process exits.
+    serialised = io.BytesIO()
+    torch.save(answer, serialised)
+    results.put((rank, serialised.getvalue()))
+
+
+def run_processes(task, *payload, cwd, wait_for=range(WORLD), timeout=300) -> dict:
+    """Runs task(rank, *payload) in WORLD fresh processes joined as torchrun would; returns {rank: result} for the
+    ranks in `wait_for` (the others are killed once those have answered)."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    processes = [context.Process(target=_process, args=(rank, port, str(cwd), task, payload, results))
+                 for rank in range(WORLD)]
+    for process in processes:
+        process.start()
+    answers, deadline = {}, time.monotonic() + timeout
+    try:
+        while not set(wait_for) <= answers.keys():
+            rank, answer = results.get(timeout=max(1.0, deadline - time.monotonic()))
+            answers[rank] = torch.load(io.BytesIO(answer), weights_only=False)
+    except queue.Empty:
+        pytest.fail(f"no answer from processes {sorted(set(wait_for) - answers.keys())} within {timeout} s")
+    finally:
+        for process in processes:
+            process.join(timeout=5 if set(wait_for) == set(range(WORLD)) else 0)
+            if process.is_alive():
+                process.kill()
+    for rank in wait_for:
+        if isinstance(answers[rank], Exception):
+            raise answers[rank]
+    return answers
+
+
+def tiny_flags(name: str, **overrides) -> dict:
+    """Each script's tiny Pendulum run with both normalisers and the adaptive-KL rate (whose KL must be averaged),
+    four iterations of two processes and short episodes (several end in every iteration)."""
+    small = script_named(name).small
+    return {**small, "total_timesteps": small["num_envs"] * small["num_steps"] * 4 * WORLD, "lr_schedule": "adaptive_kl",
+            "norm_obs": True, "norm_reward": True, "env_kwargs": {"max_episode_steps": 20}, **overrides}
+
+
+def _train_and_read_state(rank, name, flags):
+    """Trains (every process), and returns what must be identical in all of them, and the summary."""
+    script = script_named(name)
+    module, captured = script.module, {}
+    make_optimizer, build_agent = module.make_optimizer, module.build_agent
+
+    def capture_optimizer(agent, args):
+        captured["agent"], captured["optimizer"] = agent, make_optimizer(agent, args)
+        return captured["optimizer"]
+
+    def capture_normaliser(*args, **kwargs):
+        built = build_agent(*args, **kwargs)
+        captured["obs_norm"] = built[1]
+        return built
+
+    module.make_optimizer, module.build_agent = capture_optimizer, capture_normaliser
+    summary = module.train(script.args(**flags))
+    optimizer = captured["optimizer"]
+    return {
+        "params": {k: v.detach().clone() for k, v in captured["agent"].state_dict().items()},
+        "adam": [v.clone() for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)],
+        "lr": [group["lr"] for group in optimizer.param_groups],
+        "obs_norm": {k: v.clone() for k, v in captured["obs_norm"].state_dict().items()},
+        "summary": {k: v for k, v in summary.items() if k != "history"},
+        "episodes": sum(1 for h in summary["history"] if "charts/episodic_return" in h),
+    }
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    for key in a["params"]:
+        assert torch.equal(a["params"][key], b["params"][key]), key
+    assert len(a["adam"]) == len(b["adam"]) > 0
+    assert all(torch.equal(x, y) for x, y in zip(a["adam"], b["adam"]))
+    assert a["lr"] == b["lr"]
+    for key in a["obs_norm"]:
+        assert torch.equal(a["obs_norm"][key], b["obs_norm"][key]), key
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_processes_that_skip_the_gradient_kl_or_normaliser_averaging_drift_apart(name, tmp_path):
+    """After four iterations on different envs, both processes hold the same network, Adam moments, adaptive
+    learning rate and observation statistics; process 0 alone wrote a run directory, and the logs count every
+    process's episodes and steps."""
+    states = run_processes(_train_and_read_state, name, tiny_flags(name), cwd=tmp_path)
+    assert_same_state(states[0], states[1])
+    assert states[0]["lr"] != [script_named(name).args().learning_rate] * len(states[0]["lr"])  # the KL moved it
+    assert states[1]["summary"]["run_dir"] is None
+    runs = glob.glob(str(tmp_path / "runs" / "*"))
+    assert len(runs) == 1 and os.path.join(tmp_path, states[0]["summary"]["run_dir"]) == runs[0]
+    flags = tiny_flags(name)
+    assert states[0]["summary"]["global_step"] == flags["total_timesteps"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(runs[0], size_guidance={"scalars": 0})
+    events.Reload()
+    steps_per_env = flags["total_timesteps"] // (WORLD * flags["num_envs"])
+    ended_per_env = steps_per_env // 20  # 20-step episodes, from the first reset (no staggered starts here)
+    assert len(events.Scalars("charts/episodic_return")) >= WORLD * flags["num_envs"] * ended_per_env - 2 * WORLD
+
+
+def _gradient_of_my_half(rank, name, data):
+    script = script_named(name)
+    agent = script.make_agent(seed=0)
+    half = {k: v.chunk(WORLD)[rank] for k, v in data.items()}
+    args = script.args(norm_adv=True, clip_vloss=True, ent_coef=0.01)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        loss, _ = script.loss(agent, half["obs"], half["actions"], half["logprobs"], half["advantages"],
+                              half["returns"], half["values"], args)
+        loss.backward()
+        script.module.average_over_processes([p.grad for p in agent.parameters()])
+    finally:
+        dist.destroy_process_group()
+    return [p.grad.clone() for p in agent.parameters()]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_two_processes_with_half_a_minibatch_each_step_like_one_with_all_of_it(name, tmp_path):
+    """The averaged gradient of two half minibatches equals one process's gradient on the whole minibatch
+    (advantages normalised over both halves, not per process)."""
+    torch.manual_seed(3)
+    B = 16
+    data = {"obs": torch.randn(B, 3), "actions": torch.randn(B, 2), "logprobs": torch.randn(B) - 2.0,
+            "advantages": torch.randn(B) * 3 + 1, "returns": torch.randn(B), "values": torch.randn(B)}
+    script = script_named(name)
+    agent = script.make_agent(seed=0)
+    loss, _ = script.loss(agent, data["obs"], data["actions"], data["logprobs"], data["advantages"], data["returns"],
+                          data["values"], script.args(norm_adv=True, clip_vloss=True, ent_coef=0.01))
+    loss.backward()
+    grads = run_processes(_gradient_of_my_half, name, data, cwd=tmp_path)
+    for rank in range(WORLD):
+        for expected, got in zip([p.grad for p in agent.parameters()], grads[rank]):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def _merged_statistics(rank, name, batches, rewards, dones):
+    module = script_named(name).module
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        norm = module.ObsNormalizer(batches.shape[-1])
+        for batch in batches:
+            norm.update(batch.chunk(WORLD, dim=0)[rank])
+        scaler = module.RewardScaler(rewards.shape[2] // WORLD, gamma=0.9)
+        scaled = [scaler(r.chunk(WORLD, dim=1)[rank], d.chunk(WORLD, dim=1)[rank]) for r, d in zip(rewards, dones)]
+    finally:
+        dist.destroy_process_group()
+    return norm.state_dict(), torch.cat(scaled), scaler.return_rms.state_dict()
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_merged_normalisers_equal_the_statistics_of_every_processs_data_together(name, tmp_path):
+    """Observation statistics merged over processes each holding half of every batch, and rewards scaled by
+    return statistics merged over processes each holding half of the envs, equal one process with all of it."""
+    torch.manual_seed(0)
+    batches = torch.randn(5, 8, 3) * torch.tensor([1.0, 10.0, 0.1]) + torch.tensor([5.0, -3.0, 0.0])
+    rewards = torch.randn(3, 16, 8)  # three rollouts of 16 steps x 8 envs
+    dones = torch.rand(3, 16, 8) < 0.1
+    module = script_named(name).module
+    norm = module.ObsNormalizer(3)
+    for batch in batches:
+        norm.update(batch)
+    scaler = module.RewardScaler(8, gamma=0.9)
+    scaled = torch.cat([scaler(r, d) for r, d in zip(rewards, dones)])
+    merged = run_processes(_merged_statistics, name, batches, rewards, dones, cwd=tmp_path)
+    for rank in range(WORLD):
+        obs_stats, got_scaled, return_stats = merged[rank]
+        for key, value in norm.state_dict().items():
+            torch.testing.assert_close(obs_stats[key], value, rtol=1e-10, atol=1e-12)
+        for key, value in scaler.return_rms.state_dict().items():
+            torch.testing.assert_close(return_stats[key], value, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(got_scaled, scaled.chunk(WORLD, dim=1)[rank], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_two_process_run_resumed_from_its_checkpoint_ends_as_if_never_stopped(name, tmp_path):
+    """Resuming a two-process run from its iteration-2 checkpoint (each process's envs, RNG and return scaler)
+    ends with the uninterrupted run's network and statistics; a resume with one process is refused clearly."""
+    flags = tiny_flags(name, checkpoint_interval=2)
+    straight = run_processes(_train_and_read_state, name, flags, cwd=tmp_path)
+    run_dir = straight[0]["summary"]["run_dir"]
+    checkpoint = torch.load(os.path.join(tmp_path, run_dir, "checkpoint_000002.pt"), weights_only=True)
+    assert checkpoint["world_size"] == WORLD and len(checkpoint["other_processes"]) == WORLD - 1
+    resumed = run_processes(_train_and_read_state, name, dict(flags, resume=os.path.join(run_dir, "checkpoint_000002.pt")),
+                            cwd=tmp_path)
+    assert resumed[0]["summary"]["global_step"] == straight[0]["summary"]["global_step"]
+    for rank in range(WORLD):
+        assert_same_state(straight[rank], resumed[rank])
+
+    from conftest import run_cli
+
+    refused = run_cli(name, "--resume", run_dir, cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "written by 2 processes, resumed by 1" in refused.stderr and "--nproc-per-node 2" in refused.stderr
+
+
+def _cli_with_a_broken_process(rank, name, flags, failure):
+    module = script_named(name).module
+    if rank == 1:
+        step_envs = module.step_envs
+
+        def broken_step(vec, action, env_id, global_step, iteration):
+            if iteration == 2:
+                if failure == "dies":
+                    os._exit(3)
+                time.sleep(120)
+            return step_envs(vec, action, env_id, global_step, iteration)
+
+        module.step_envs = broken_step
+    stderr, started = io.StringIO(), time.monotonic()
+    with contextlib.redirect_stderr(stderr):
+        try:
+            module.cli(flags)
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, stderr.getvalue(), time.monotonic() - started
+
+
+@pytest.mark.parametrize("failure", ["dies", "hangs"])
+def test_a_process_that_dies_or_hangs_stops_the_other_with_one_line_within_the_timeout(failure, tmp_path):
+    """Process 1's env dies (exits) or hangs in the second iteration: process 0 stops within --dist-timeout-s
+    with exit status 1 and one line saying so, not a traceback."""
+    script = script_named("ppo_continuous")
+    flags = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2",
+             "--total-timesteps", str(2 * 32 * 2 * 6), "--no-progress-bar", "--dist-timeout-s", "5",
+             "--policy-device", "cpu"]
+    answers = run_processes(_cli_with_a_broken_process, script.name, flags, failure, cwd=tmp_path, wait_for=[0])
+    code, stderr, elapsed = answers[0]
+    assert code == 1
+    assert "Traceback" not in stderr and "lost the others" in stderr and "--dist-timeout-s 5" in stderr
+    assert elapsed < 60
