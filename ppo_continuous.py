@@ -773,9 +773,11 @@ def build_agent(args: Args, vec, device: torch.device) -> tuple[Agent, ObsNormal
     return agent, ObsNormalizer(vec.single_observation_space.shape, args.norm_obs).to(device)
 
 
-def train(args: Args) -> dict:
+def train(args: Args, on_iteration=None) -> dict:
     """Trains, logs to runs/<run>/ and returns a summary: final returns, global step, run directory and the
-    per-iteration metrics (`history`). Under torchrun, every process calls it; process 0 writes the run."""
+    per-iteration metrics (`history`). Under torchrun, every process calls it; process 0 writes the run.
+    `on_iteration(metrics)`, if given, sees each iteration's history entry (a sweep's pruner); an exception it
+    raises ends the run, envs and logs closed."""
     rank = init_distributed(args)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume else None
     if checkpoint is not None:
@@ -1001,6 +1003,8 @@ def train(args: Args) -> dict:
             if wandb_run is not None:
                 wandb_run.log({**metrics, "global_step": global_step})
             history.append({"iteration": iteration, "global_step": global_step, **metrics})
+            if on_iteration is not None:
+                on_iteration(history[-1])
             if progress is not None:
                 show_progress(progress, metrics, recent_returns)
             if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stop.signum:

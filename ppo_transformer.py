@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import tyro
 from torch.utils.tensorboard import SummaryWriter
@@ -69,11 +71,11 @@ class Args:
     env_id: str = "FrankaReach-v0"
     """the task: FrankaReach-v0, any Gymnasium id with Box spaces, or a variant from envs.partial"""
     num_envs: int = 1024
-    """parallel environments"""
+    """parallel environments (per process under torchrun)"""
     vectorization_mode: Literal["sync", "async"] = "sync"
     """Gymnasium tasks: step envs in this process or one subprocess each"""
     total_timesteps: int = 6_000_000
-    """environment steps to train for"""
+    """environment steps to train for (of all processes together under torchrun)"""
 
     learning_rate: float = 1e-3
     """the learning rate (the initial one under a schedule)"""
@@ -165,14 +167,18 @@ class Args:
     """episodes to evaluate, spread evenly over the envs (each env's first ones count: short ones are not favoured)"""
     env_kwargs: dict[str, int | float | bool | str] | None = None
     """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4"""
+    dist_timeout_s: int = 600
+    """under torchrun: seconds a process waits for the others before the run stops (a process died or hangs)"""
 
     # computed from the flags at run time (not flags themselves)
+    world_size: tyro.conf.Suppress[int] = 1
+    """processes training together (torchrun's WORLD_SIZE)"""
     batch_size: tyro.conf.Suppress[int] = 0
-    """num_envs * num_steps"""
+    """one process's batch: num_envs * num_steps"""
     minibatch_size: tyro.conf.Suppress[int] = 0
     """batch_size // num_minibatches"""
     num_iterations: tyro.conf.Suppress[int] = 0
-    """total_timesteps // batch_size"""
+    """total_timesteps // (batch_size * world_size)"""
 
 
 # Args' defaults are the Genesis arm's: token mode (one step, each observation as 4 tokens of 16) with the MLP
@@ -214,6 +220,9 @@ def resolve_args(args: Args) -> Args:
                                      "ff_mult"))
     if args.token_dim % args.num_heads:
         raise UsageError(f"--num-heads {args.num_heads} does not divide --token-dim {args.token_dim}")
+    # Under torchrun every process steps --num-envs envs and splits its own batch into --num-minibatches; their
+    # gradients are averaged, so an optimiser step sees world_size minibatches and an iteration world_size batches.
+    args.world_size = dist.get_world_size() if dist.is_initialized() else 1
     args.batch_size = args.num_envs * args.num_steps
     if args.batch_size % args.num_minibatches:
         raise UsageError(
@@ -221,9 +230,10 @@ def resolve_args(args: Args) -> Args:
             f"divide into --num-minibatches {args.num_minibatches}; choose a divisor of {args.batch_size}"
         )
     args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
+    args.num_iterations = args.total_timesteps // (args.batch_size * args.world_size)
     if args.num_iterations < 1:
-        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch "
+                         f"({args.batch_size * args.world_size} steps)")
     return args
 
 
@@ -252,6 +262,7 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
         ("video_interval", args.video_interval >= 1, "at least 1"),
         ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
         ("exp_name", bool(args.exp_name) and "/" not in args.exp_name, "a name without '/' (it names the run dir)"),
+        ("dist_timeout_s", args.dist_timeout_s >= 1, "at least 1"),
     ]
     for name, ok, requirement in rules:
         if not ok:
@@ -288,7 +299,15 @@ class RunningMeanStd(nn.Module):
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         batch_var, batch_mean = torch.var_mean(x.double(), dim=0, unbiased=False)
-        count, batch_count = self.host_count, x.shape[0]
+        batch_count = x.shape[0]
+        if dist.is_initialized():  # torchrun: merge every process's batch (equal sizes), so all normalise alike
+            moments = [torch.empty((2, *batch_mean.shape), dtype=torch.float64, device=x.device)
+                       for _ in range(dist.get_world_size())]
+            dist.all_gather(moments, torch.stack([batch_mean, batch_var]))
+            means, variances = torch.stack(moments).unbind(1)
+            batch_mean, batch_var = means.mean(0), variances.mean(0) + means.var(0, unbiased=False)
+            batch_count *= len(moments)
+        count = self.host_count
         total = count + batch_count
         delta = batch_mean - self.mean
         # M2 = var * count; merged M2 = M2_a + M2_b + delta^2 * n_a * n_b / n
@@ -343,12 +362,15 @@ class RewardScaler(nn.Module):
         # Statistics after each step's merge, from cumulative sums of deviations from the prior mean m0 (stable
         # in float64 while the mean moves little within a rollout): M2_t = c0 v0 + sum (x - m0)^2 - n_t (mean_t - m0)^2
         stats, batch = self.return_rms, returns.shape[1]
+        deviations = returns - stats.mean
+        sums = torch.stack([deviations.sum(1), deviations.square().sum(1)])
+        if dist.is_initialized():  # torchrun: the statistics of every process's returns, so all scale alike
+            dist.all_reduce(sums)
+            batch *= dist.get_world_size()
         steps_so_far = torch.arange(1, len(returns) + 1, dtype=torch.float64, device=returns.device)
         counts = stats.host_count + batch * steps_so_far
-        deviations = returns - stats.mean
-        mean_shifts = deviations.sum(1).cumsum(0) / counts
-        variances = ((deviations.square().sum(1).cumsum(0) + stats.host_count * stats.var) / counts
-                     - mean_shifts.square()).clamp(min=0.0)
+        mean_shifts = sums[0].cumsum(0) / counts
+        variances = ((sums[1].cumsum(0) + stats.host_count * stats.var) / counts - mean_shifts.square()).clamp(min=0.0)
         stats.mean.add_(mean_shifts[-1])
         stats.var.copy_(variances[-1])
         stats.host_count += batch * len(returns)
@@ -586,6 +608,17 @@ def compute_gae(rewards, values, last_value, final_values, terminated, truncated
     return advantages, advantages + values
 
 
+def mean_std_over_processes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and (unbiased) std of the minibatches of all processes together under torchrun: the same normalised
+    advantages as one process with all the data."""
+    sums = torch.stack([torch.tensor(x.numel(), dtype=torch.float64, device=x.device), x.double().sum(),
+                        x.double().square().sum()])
+    dist.all_reduce(sums)
+    count, total, total_squares = sums
+    mean = total / count
+    return mean.float(), ((total_squares - count * mean.square()) / (count - 1)).clamp(min=0.0).sqrt().float()
+
+
 def ppo_loss(agent, windows, valid, actions, old_logprobs, advantages, returns, old_values, args: Args):
     """The clipped PPO objective on one minibatch of steps, each seen through its window; returns (loss, stats).
     Advantages are normalised here (per minibatch); returns are the value targets as they are."""
@@ -593,10 +626,13 @@ def ppo_loss(agent, windows, valid, actions, old_logprobs, advantages, returns, 
     logratio = new_logprobs - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv:
-        std = advantages.std()
+        if dist.is_initialized():  # torchrun: the statistics of every process's minibatch together
+            mean, std = mean_std_over_processes(advantages)
+        else:
+            mean, std = advantages.mean(), advantages.std()
         if args.robust_adv_norm:  # flat advantages (a solved task, sparse rewards): centre, do not blow them up
             std = torch.where(std < 1e-4, torch.ones_like(std), std)
-        advantages = (advantages - advantages.mean()) / (std + 1e-8)
+        advantages = (advantages - mean) / (std + 1e-8)
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
     def value_error(values):  # per step; clipping keeps the larger error of the new and the clipped value
         if args.value_loss == "huber":
@@ -674,6 +710,61 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
                 layer = f"grad_max_layer/{name.split('.')[1]}"
                 layer_max[layer] = torch.maximum(layer_max.get(layer, norms[f"grad_max/{name}"]), norms[f"grad_max/{name}"])
     return {**norms, **layer_max}
+
+
+# Data-parallel training under torchrun, as rsl_rl's and CleanRL's multi-GPU PPO: each process steps its own envs,
+# every minibatch's gradients are averaged over the processes, the normalisers merge everyone's data, process 0 logs
+# and saves. Without torchrun (WORLD_SIZE unset) nothing here touches torch.distributed.
+
+
+def init_distributed(args: Args) -> int:
+    """Under torchrun, joins its process group (NCCL for a CUDA policy, gloo otherwise; each process on its own GPU)
+    and returns this process's rank; 0 without torchrun."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return dist.get_rank() if dist.is_initialized() else 0
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # Genesis also builds on the current GPU
+    cuda = args.cuda or args.policy_device == "cuda" or (args.policy_device == "auto" and torch.cuda.is_available())
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.dist_timeout_s))
+    return dist.get_rank()
+
+
+def average_over_processes(tensors: list[torch.Tensor]) -> None:
+    """Each tensor becomes, in place, its mean over the processes: one all-reduce of them all, flattened."""
+    if dist.is_initialized():
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        for tensor, chunk in zip(tensors, flat.split([t.numel() for t in tensors])):
+            tensor.copy_(chunk.view_as(tensor))
+
+
+def gather_processes(obj) -> list:
+    """[obj of process 0, obj of process 1, ...] on every process; [obj] without torchrun."""
+    if not dist.is_initialized():
+        return [obj]
+    objs = [None] * dist.get_world_size()
+    dist.all_gather_object(objs, obj)
+    return objs
+
+
+def merge_processes(parts: dict) -> dict:
+    """An iteration's `parts` of every process together (every process passes the same keys): ended episodes
+    ("episodes/...") concatenated, "stop" the first signal any process received, reward terms averaged, other
+    tensors (sums) added. Without torchrun: `parts` as they are."""
+    if not dist.is_initialized():
+        return parts
+    gathered = gather_processes({k: v.cpu() if torch.is_tensor(v) else v for k, v in parts.items()})
+    merged = {}
+    for key in parts:
+        values = [part[key] for part in gathered]
+        if key == "stop":
+            merged[key] = next((v for v in values if v is not None), None)
+        elif key.startswith("episodes/"):
+            merged[key] = torch.cat(values)
+        else:
+            merged[key] = torch.stack(values).sum(0) / (len(values) if key.startswith("reward_terms/") else 1)
+    return merged
 
 
 CHECKPOINT_KIND = "ppo_transformer"  # written into every checkpoint: another script's checkpoint is refused clearly
@@ -842,9 +933,12 @@ def build_agent(args: Args, vec, device: torch.device) -> tuple[TransformerAgent
     return agent, ObsNormalizer(vec.single_observation_space.shape, args.norm_obs).to(device)
 
 
-def train(args: Args) -> dict:
+def train(args: Args, on_iteration=None) -> dict:
     """Trains, logs to runs/<run>/ and returns a summary: final returns, global step, run directory and the
-    per-iteration metrics (`history`)."""
+    per-iteration metrics (`history`). Under torchrun, every process calls it; process 0 writes the run.
+    `on_iteration(metrics)`, if given, sees each iteration's history entry (a sweep's pruner); an exception it
+    raises ends the run, envs and logs closed."""
+    rank = init_distributed(args)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume else None
     if checkpoint is not None:
         if "torch_rng" not in checkpoint:  # written before checkpoints were one dict of stateful objects
@@ -854,41 +948,57 @@ def train(args: Args) -> dict:
     args = resolve_args(args)
     policy_device = pick_device(args.policy_device, "--policy-device")
     pick_device(args.sim_device, "--sim-device")
-    torch.manual_seed(args.seed)
+    if checkpoint is not None and checkpoint.get("world_size", 1) != args.world_size:
+        raise UsageError(f"--resume {args.resume}: written by {checkpoint.get('world_size', 1)} processes, resumed by "
+                         f"{args.world_size}; resume with torchrun --nproc-per-node {checkpoint.get('world_size', 1)}")
+    torch.manual_seed(args.seed + rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    vec = make_env(args, args.num_envs, args.seed, policy_device, render=args.capture_video)
+    # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
+    vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
+                   render=args.capture_video and rank == 0)
     agent, obs_norm = build_agent(args, vec, policy_device)
+    if dist.is_initialized():  # every process starts from process 0's network
+        for tensor in agent.state_dict().values():
+            dist.broadcast(tensor, src=0)
     reward_scaler = RewardScaler(args.num_envs, args.gamma).to(policy_device)
     optimizer = make_optimizer(agent, args)
     adaptive_lr = args.anneal_lr and args.lr_schedule == "adaptive_kl"
-    # Everything a checkpoint holds besides counters and the envs, saved and restored by the same names.
-    stateful = {"model": agent, "optimizer": optimizer, "obs_normalizer": obs_norm, "reward_scaler": reward_scaler}
+    # Everything a checkpoint holds besides counters and the envs, saved and restored by the same names: shared by all
+    # processes under torchrun (identical in each), and each process's own (process 0's at the top level, the others'
+    # in "other_processes").
+    stateful = {"model": agent, "optimizer": optimizer, "obs_normalizer": obs_norm}
+    own_stateful = {"reward_scaler": reward_scaler}
 
     global_step, start_iteration = 0, 1
-    next_obs_raw, _ = vec.reset(seed=args.seed)
+    next_obs_raw, _ = vec.reset(seed=args.seed + rank * args.num_envs)
     obs_dim = vec.single_observation_space.shape[0]
     context = Context(args.num_envs, args.context_len, obs_dim, policy_device)
     if checkpoint is None:
         obs_norm.update(next_obs_raw)
     else:
+        own = checkpoint if rank == 0 else checkpoint["other_processes"][rank - 1]
         for key, obj in stateful.items():
             obj.load_state_dict(checkpoint[key])
+        for key, obj in own_stateful.items():
+            obj.load_state_dict(own[key])
         global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
-        torch.set_rng_state(checkpoint["torch_rng"])
-        if checkpoint["env"] is not None:  # the envs' state, and the policy's memory of their episodes
-            vec.load_state_dict(checkpoint["env"])
-            next_obs_raw = checkpoint["next_obs_raw"].to(policy_device)
-            context.load_state_dict(checkpoint["context"])
+        torch.set_rng_state(own["torch_rng"])
+        if own["env"] is not None:  # the envs' state, and the policy's memory of their episodes
+            vec.load_state_dict(own["env"])
+            next_obs_raw = own["next_obs_raw"].to(policy_device)
+            context.load_state_dict(own["context"])
         else:
             print("[resume] this task's env state was not saved: envs start from a fresh reset")
 
-    try:  # only now, with the flags, the checkpoint and the env accepted: a rejected run leaves nothing behind
-        run_dir = run_dir_of(args.resume) if checkpoint is not None else create_run_dir(args)
-    except UsageError:
-        vec.close()
-        raise
-    writer, wandb_run = open_logs(args, run_dir, resumed_at=global_step if checkpoint is not None else None)
+    run_dir, writer, wandb_run = None, None, None  # process 0's alone under torchrun
+    if rank == 0:
+        try:  # only now, with the flags, the checkpoint and the env accepted: a rejected run leaves nothing behind
+            run_dir = run_dir_of(args.resume) if checkpoint is not None else create_run_dir(args)
+        except UsageError:
+            vec.close()
+            raise
+        writer, wandb_run = open_logs(args, run_dir, resumed_at=global_step if checkpoint is not None else None)
 
     T, N, K, act_dim = args.num_steps, args.num_envs, args.context_len, vec.single_action_space.shape[0]
     buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=policy_device)  # noqa: E731
@@ -901,33 +1011,36 @@ def train(args: Args) -> dict:
     recent_returns: list[float] = []
     history: list[dict] = []
 
-    def checkpoint_state(iteration: int) -> dict:
+    def own_state() -> dict:
         try:
             env_state = vec.state_dict()
         except NotImplementedError:
             env_state = None
+        return {"torch_rng": torch.get_rng_state(), "env": env_state, "next_obs_raw": next_obs_raw.cpu(),
+                "context": context.state_dict(), **{key: obj.state_dict() for key, obj in own_stateful.items()}}
+
+    def checkpoint_state(iteration: int, own_states: list[dict]) -> dict:
         return {"script": CHECKPOINT_KIND, "args": asdict(args), "global_step": global_step, "iteration": iteration,
-                "torch_rng": torch.get_rng_state(), "env": env_state, "next_obs_raw": next_obs_raw.cpu(),
-                "context": context.state_dict(),
+                "world_size": args.world_size, **own_states[0], "other_processes": own_states[1:],
                 **{key: obj.state_dict() for key, obj in stateful.items()}}
 
     stop = StopSignal()
     progress = None
-    if args.progress_bar:
+    if args.progress_bar and rank == 0:
         from tqdm import tqdm
 
         progress = tqdm(total=args.num_iterations, initial=start_iteration - 1, unit="it", dynamic_ncols=True)
     recorder = EpisodeRecorder()
-    iteration = start_iteration - 1
+    iteration, last_completed = start_iteration - 1, None
     next_obs = obs_norm(next_obs_raw)
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
-            # What the last completed iteration left: saved instead if the env fails during this rollout.
-            last_completed = copy.deepcopy(checkpoint_state(iteration - 1))
+            if args.world_size == 1:  # what the last completed iteration left: saved if the env fails in this rollout
+                last_completed = copy.deepcopy(checkpoint_state(iteration - 1, [own_state()]))
             if not adaptive_lr:
                 for group in optimizer.param_groups:
                     group["lr"] = lr_fraction(args, iteration) * group["initial_lr"]
-            if args.capture_video and (iteration - 1) % args.video_interval == 0:
+            if args.capture_video and rank == 0 and (iteration - 1) % args.video_interval == 0:
                 recorder.start()
             rollout_start = time.perf_counter()
             reward_term_sums: dict[str, torch.Tensor] = {}
@@ -959,7 +1072,7 @@ def train(args: Args) -> dict:
                     for name, term in info.get("reward_terms", {}).items():
                         reward_term_sums[name] = reward_term_sums.get(name, 0.0) + term.mean()
                     sim_errors += info["sim_errors"].sum()
-                    if args.capture_video:
+                    if args.capture_video and rank == 0:
                         path = os.path.join(run_dir, "videos", f"train_{global_step + (step + 1) * N}.mp4")
                         if recorder.step(vec, done, path):
                             video_saved(path, wandb_run, global_step)
@@ -970,7 +1083,7 @@ def train(args: Args) -> dict:
                 rewards = reward_scaler(rewards_buf, terminated_buf | truncated_buf) if args.norm_reward else rewards_buf
                 advantages, returns = compute_gae(rewards, values_buf, last_value, final_values, terminated_buf,
                                                   truncated_buf, args.gamma, args.gae_lambda)
-            global_step += T * N
+            global_step += T * N * args.world_size
             rollout_time = time.perf_counter() - rollout_start
 
             update_start = time.perf_counter()
@@ -990,6 +1103,10 @@ def train(args: Args) -> dict:
                     )
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
+                    # torchrun: every process steps with the mean gradient and, for the adaptive rate and the early
+                    # stop, the mean KL, so they stay identical
+                    average_over_processes([p.grad for p in agent.parameters() if p.grad is not None]
+                                           + [stats["approx_kl"]])
                     if num_updates == 0:  # once per iteration: the policy that acted, and its gradients
                         first_minibatch = {"debug/first_minibatch_ratio_max_dev": stats["ratio_max_dev"],
                                            **{f"gradients/{k}": v for k, v in grad_norms(agent).items()}}
@@ -1005,6 +1122,22 @@ def train(args: Args) -> dict:
                     break
             update_time = time.perf_counter() - update_start
 
+            # torchrun: every process's ended episodes, task metrics and errors reach process 0's logs, and all stop
+            # after the same iteration (a signal may reach them at different steps)
+            merged = merge_processes({
+                "episodes/r": ep_return_buf[ep_mask_buf], "episodes/l": ep_length_buf[ep_mask_buf],
+                **({"episodes/success": success_buf[ep_mask_buf]} if has_success else {}),
+                **{f"episode_metrics/{k}": v for k, v in metric_sums.items()},
+                **{f"reward_terms/{k}": v / T for k, v in reward_term_sums.items()},
+                "env/sim_errors": sim_errors, "stop": stop.signum,
+            })
+            stop.signum = merged.pop("stop")
+            ended_returns, ended_lengths = merged.pop("episodes/r"), merged.pop("episodes/l")
+            if has_success:
+                merged["charts/success_rate"] = merged.pop("episodes/success").float().mean()
+            for key in [k for k in merged if k.startswith("episode_metrics/")]:
+                merged[key] = merged[key] / len(ended_returns)
+
             # Logged: what shows a failing run (DESIGN.md §4), nothing derivable; one host transfer per iteration.
             with torch.no_grad():
                 diagnostics = {"attention_entropy": [], "residual_ratio": []}
@@ -1016,29 +1149,24 @@ def train(args: Args) -> dict:
                     "policy/action_std": agent.actor_logstd.exp().mean(),
                     "values/mean": b_values.mean(), "values/std": b_values.std(),
                     "values/returns_variance": var_returns,
-                    "advantages/mean": b_advantages.mean(), "advantages/std": b_advantages.std(),
-                    "env/sim_errors": sim_errors,
+                    "advantages/mean": b_advantages.mean(), "advantages/std": b_advantages.std(), **merged,
                 })
-                scalars.update({f"reward_terms/{k}": v / T for k, v in reward_term_sums.items()})
                 scalars.update(first_minibatch)
                 for layer, entropy in enumerate(diagnostics["attention_entropy"]):
                     scalars.update({f"attention/entropy_layer{layer}_head{h}": e for h, e in enumerate(entropy)})
                 for i, ratio in enumerate(diagnostics["residual_ratio"]):
                     scalars[f"residual/update_ratio_layer{i // 2}_{('attention', 'ff')[i % 2]}"] = ratio
-                if has_success:
-                    scalars["charts/success_rate"] = success_buf[ep_mask_buf].float().mean()
-                scalars.update({f"episode_metrics/{k}": v / ep_mask_buf.sum() for k, v in metric_sums.items()})
-                finished = torch.stack([ep_return_buf[ep_mask_buf], ep_length_buf[ep_mask_buf]]).cpu().tolist()
+                finished = torch.stack([ended_returns, ended_lengths]).cpu().tolist()
             metrics = dict(zip(scalars, torch.stack([torch.as_tensor(v, dtype=torch.float64).to(policy_device)
                                                      for v in scalars.values()]).cpu().tolist()))
             metrics.update({"charts/learning_rate": optimizer.param_groups[0]["lr"], "time/rollout_s": rollout_time,
                             "charts/update_epochs_done": epochs_done, "time/update_s": update_time,
-                            "charts/SPS": T * N / (rollout_time + update_time)})
+                            "charts/SPS": T * N * args.world_size / (rollout_time + update_time)})
             if not finished[0]:  # no episode ended: no success rate or task metric (the mean of nothing is NaN)
                 metrics = {k: v for k, v in metrics.items() if not k.startswith(("charts/success", "episode_metrics/"))}
-            for key, value in metrics.items():
+            for key, value in metrics.items() if writer is not None else ():
                 writer.add_scalar(key, value, global_step)
-            for episode_return, episode_length in zip(*finished):
+            for episode_return, episode_length in zip(*finished) if writer is not None else ():
                 # One point per episode, as CleanRL logs them: benchmarks reduce over the last 100 episodes.
                 writer.add_scalar("charts/episodic_return", episode_return, global_step)
                 writer.add_scalar("charts/episodic_length", episode_length, global_step)
@@ -1048,13 +1176,19 @@ def train(args: Args) -> dict:
             if wandb_run is not None:
                 wandb_run.log({**metrics, "global_step": global_step})
             history.append({"iteration": iteration, "global_step": global_step, **metrics})
+            if on_iteration is not None:
+                on_iteration(history[-1])
             if progress is not None:
                 show_progress(progress, metrics, recent_returns)
             if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stop.signum:
-                save_checkpoint(run_dir, checkpoint_state(iteration))
+                own_states = gather_processes(own_state())
+                if rank == 0:
+                    save_checkpoint(run_dir, checkpoint_state(iteration, own_states))
             if stop.signum:
                 break
     except EnvStepError as error:
+        if last_completed is None:  # torchrun: the other processes' states are out of reach; the last checkpoint stands
+            raise
         path = save_checkpoint(run_dir, last_completed)
         with open(os.path.join(run_dir, "error.txt"), "w") as f:
             traceback.print_exception(error.__cause__, file=f)
@@ -1065,13 +1199,16 @@ def train(args: Args) -> dict:
         stop.restore()
         if progress is not None:
             progress.close()
-        writer.close()
+        if writer is not None:
+            writer.close()
         vec.close()
         if wandb_run is not None:
             wandb_run.finish()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     return {
         "run_dir": run_dir,
-        "checkpoint": os.path.join(run_dir, "checkpoint.pt"),
+        "checkpoint": os.path.join(run_dir, "checkpoint.pt") if run_dir else None,
         "global_step": global_step,
         "iteration": iteration,
         "mean_recent_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
@@ -1168,6 +1305,14 @@ def cli(argv: list[str] | None = None) -> None:
     except (UsageError, EnvStepError) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2 if isinstance(error, UsageError) else 1) from None
+    except RuntimeError as error:  # under torchrun, a collective that failed: another process died or hangs
+        collective = isinstance(error, dist.DistError) or "gloo" in str(error)
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not collective:
+            raise
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        print(f"error: process {os.environ.get('RANK')} lost the others ({reason}): one of them failed (its log says "
+              f"why) or did not answer within --dist-timeout-s {args.dist_timeout_s}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":
