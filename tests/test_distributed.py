@@ -275,3 +275,37 @@ def test_a_process_that_dies_or_hangs_stops_the_other_with_one_line_within_the_t
     assert code == 1
     assert "Traceback" not in stderr and "lost the others" in stderr and "--dist-timeout-s 5" in stderr
     assert elapsed < 60
+
+
+def test_torchrun_cli_sigterm_stops_every_process_after_the_same_iteration_with_one_checkpoint(tmp_path):
+    """The real entry point: `torchrun ... ppo_continuous.py` trains with two processes; SIGTERM to torchrun
+    reaches both, which finish the same iteration and write one checkpoint holding both processes' envs."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    command = [torchrun, "--standalone", "--nproc-per-node", "2", os.path.join(REPO, "ppo_continuous.py"),
+               "--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2",
+               "--update-epochs", "1", "--total-timesteps", "10000000", "--checkpoint-interval", "1",
+               "--no-progress-bar", "--policy-device", "cpu"]
+    launcher = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not glob.glob(str(tmp_path / "runs" / "*" / "checkpoint_000002.pt")):
+            assert launcher.poll() is None and time.monotonic() < deadline, "no checkpoint of iteration 2"
+            time.sleep(0.2)
+        launcher.send_signal(signal.SIGTERM)
+        output, _ = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert output.count("SIGTERM: finishing this iteration") == 2  # both processes got it
+    (run_dir,) = glob.glob(str(tmp_path / "runs" / "*"))
+    checkpoint = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)
+    assert checkpoint["world_size"] == 2 and len(checkpoint["other_processes"]) == 1
+    assert checkpoint["global_step"] == checkpoint["iteration"] * 2 * 2 * 64 >= 2 * 2 * 2 * 64
+    saved = sorted(glob.glob(os.path.join(run_dir, "checkpoint_*.pt")))
+    assert saved[-1].endswith(f"checkpoint_{checkpoint['iteration']:06d}.pt")
+    assert not checkpoint["other_processes"][0]["next_obs_raw"].equal(checkpoint["next_obs_raw"])  # its own envs
