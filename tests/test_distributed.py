@@ -77,7 +77,8 @@ def tiny_flags(name: str, **overrides) -> dict:
     four iterations of two processes and short episodes (several end in every iteration)."""
     small = script_named(name).small
     return {**small, "total_timesteps": small["num_envs"] * small["num_steps"] * 4 * WORLD, "lr_schedule": "adaptive_kl",
-            "norm_obs": True, "norm_reward": True, "env_kwargs": {"max_episode_steps": 20}, **overrides}
+            "norm_obs": True, "norm_reward": True, "env_kwargs": {"max_episode_steps": 20}, "checkpoint_interval": 2,
+            **overrides}
 
 
 def _train_and_read_state(rank, name, flags):
@@ -118,12 +119,29 @@ def assert_same_state(a: dict, b: dict) -> None:
         assert torch.equal(a["obs_norm"][key], b["obs_norm"][key]), key
 
 
+TWO_PROCESS_RUNS: dict = {}
+
+
+@pytest.fixture
+def two_process_run(tmp_path_factory):
+    """(final states of both processes, directory) of each script's tiny two-process run with a checkpoint every
+    two iterations, trained once for the tests that read it."""
+
+    def run(name: str):
+        if name not in TWO_PROCESS_RUNS:
+            cwd = tmp_path_factory.mktemp(f"two_processes_{name}")
+            TWO_PROCESS_RUNS[name] = run_processes(_train_and_read_state, name, tiny_flags(name), cwd=cwd), cwd
+        return TWO_PROCESS_RUNS[name]
+
+    return run
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_processes_that_skip_the_gradient_kl_or_normaliser_averaging_drift_apart(name, tmp_path):
+def test_processes_that_skip_the_gradient_kl_or_normaliser_averaging_drift_apart(name, two_process_run):
     """After four iterations on different envs, both processes hold the same network, Adam moments, adaptive
     learning rate and observation statistics; process 0 alone wrote a run directory, and the logs count every
     process's episodes and steps."""
-    states = run_processes(_train_and_read_state, name, tiny_flags(name), cwd=tmp_path)
+    states, tmp_path = two_process_run(name)
     assert_same_state(states[0], states[1])
     assert states[0]["lr"] != [script_named(name).args().learning_rate] * len(states[0]["lr"])  # the KL moved it
     assert states[1]["summary"]["run_dir"] is None
@@ -218,11 +236,11 @@ def test_merged_normalisers_equal_the_statistics_of_every_processs_data_together
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_two_process_run_resumed_from_its_checkpoint_ends_as_if_never_stopped(name, tmp_path):
+def test_two_process_run_resumed_from_its_checkpoint_ends_as_if_never_stopped(name, two_process_run):
     """Resuming a two-process run from its iteration-2 checkpoint (each process's envs, RNG and return scaler)
     ends with the uninterrupted run's network and statistics; a resume with one process is refused clearly."""
-    flags = tiny_flags(name, checkpoint_interval=2)
-    straight = run_processes(_train_and_read_state, name, flags, cwd=tmp_path)
+    flags = tiny_flags(name)
+    straight, tmp_path = two_process_run(name)
     run_dir = straight[0]["summary"]["run_dir"]
     checkpoint = torch.load(os.path.join(tmp_path, run_dir, "checkpoint_000002.pt"), weights_only=True)
     assert checkpoint["world_size"] == WORLD and len(checkpoint["other_processes"]) == WORLD - 1
