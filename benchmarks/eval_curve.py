@@ -8,7 +8,8 @@
 Every periodic checkpoint is evaluated here (the script's own --eval-checkpoint: mean action, frozen normaliser,
 fresh episodes, --episodes of them); the training-time values (with exploration noise) come from the TensorBoard
 events (TensorBoard's own reader). Plotted: the success rate for tasks that report one, else every metric of the
-task's `info["episode_metrics"]` (Go2Walk-v0: tracking errors and falls). Writes a PNG and a Markdown table.
+task's `info["episode_metrics"]` (Go2Walk-v0: tracking errors and falls). Writes a PNG and a Markdown table; the
+results are kept in the run directory (eval_curve_<episodes>.json), so a rerun evaluates only new checkpoints.
 """
 
 from __future__ import annotations
@@ -78,12 +79,21 @@ def main(args: Args) -> str:
     start = sps[0].wall_time - first_iteration
     wall_of_step = {s.step: s.wall_time - start for s in sps}
 
+    # Results kept beside the checkpoints, so a rerun (say, while training goes on) evaluates only new checkpoints.
+    cache_path = os.path.join(args.run_dir, f"eval_curve_{args.episodes}.json")
+    cache = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
     rows = []
     for path in sorted(glob.glob(os.path.join(args.run_dir, "checkpoint_*.pt"))):
-        step = torch.load(path, map_location="cpu", weights_only=True)["global_step"]
-        result = module.evaluate(path, episodes=args.episodes, device="cpu", sim_device="cpu")
+        if os.path.basename(path) not in cache:
+            step = torch.load(path, map_location="cpu", weights_only=True)["global_step"]
+            result = module.evaluate(path, episodes=args.episodes, device="cpu", sim_device="cpu")
+            cache[os.path.basename(path)] = dict(result, step=step)
+            with open(cache_path + ".tmp", "w") as f:
+                json.dump(cache, f)
+            os.replace(cache_path + ".tmp", cache_path)
+        result = cache[os.path.basename(path)]
         iteration = int(re.search(r"checkpoint_(\d+)", path).group(1))
-        rows.append(dict(result, iteration=iteration, step=step, wall=wall_of_step.get(step, float("nan"))))
+        rows.append(dict(result, iteration=iteration, wall=wall_of_step.get(result["step"], float("nan"))))
     metrics = ["success_rate"] if "success_rate" in rows[0] else [k for k in rows[0] if k in LABELS]
 
     os.makedirs(args.out_dir, exist_ok=True)
