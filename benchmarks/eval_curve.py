@@ -81,7 +81,10 @@ def main(args: Args) -> str:
 
     # Results kept beside the checkpoints, so a rerun (say, while training goes on) evaluates only new checkpoints.
     cache_path = os.path.join(args.run_dir, f"eval_curve_{args.episodes}.json")
-    cache = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
+    cache = {}
+    if os.path.exists(cache_path):
+        with open(cache_path) as f:
+            cache = json.load(f)
     rows = []
     for path in sorted(glob.glob(os.path.join(args.run_dir, "checkpoint_*.pt"))):
         if os.path.basename(path) not in cache:
