@@ -173,6 +173,8 @@ CLEANRL = dict(
 PRESETS = {
     "FrankaReach-v0": {},
     "FrankaReachNoVel-v0": {},
+    # ManiSkill3's PPO settings for its PushCube-v1 (a short horizon: gamma 0.8, lambda 0.9) on the arm's defaults.
+    "FrankaPushCube-v0": dict(gamma=0.8, gae_lambda=0.9, total_timesteps=10_000_000),
     # SB3 zoo's tuned PPO, with wide initial noise (std e = 2.7 against torques of +-2, so mostly bang-bang after
     # clipping) in place of its gSDE: narrower noise (std 0.6) left one seed in three spinning at 200k.
     "Pendulum-v1": dict(

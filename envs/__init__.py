@@ -7,7 +7,9 @@
 
 Any Gymnasium id works (MuJoCo, classic control, Box2D), plus the partially observable variants of
 `envs.partial` (`PendulumNoVel-v1`, `HalfCheetahNoVel-v5`, `HalfCheetah-P-v5`, ...) and the Genesis
-arm tasks `FrankaReach-v0` and `FrankaReachNoVel-v0` (velocities hidden) (`envs.franka`), the quadruped
+arm tasks `FrankaReach-v0`, `FrankaReachNoVel-v0` (velocities hidden) and `FrankaReachCue-v0` (target seen
+only at first) (`envs.franka`), `FrankaPushCube-v0`, `FrankaPushCubeRandom-v0` (unobserved mass and friction)
+and `FrankaPickCube-v0` (`envs.franka_cube`), the quadruped
 `Go2Walk-v0` and `Go2WalkNoVel-v0` (base velocities hidden) (`envs.go2`), and the memory task `MemoryCue-v0` (`envs.memory`). Importing this package registers them with Gymnasium.
 
 Nothing here knows about PPO: observation/reward normalisation and action clipping belong to the scripts.
@@ -34,9 +36,16 @@ class UnknownTaskError(ValueError):
 
 register_variants()
 register_memory_tasks()
-for _id, _kwargs in (("FrankaReach-v0", {}), ("FrankaReachNoVel-v0", {"observe_velocities": False})):
+for _id, _entry, _steps, _kwargs in (
+    ("FrankaReach-v0", "envs.franka:FrankaReachVecEnv", 100, {}),
+    ("FrankaReachNoVel-v0", "envs.franka:FrankaReachVecEnv", 100, {"observe_velocities": False}),
+    ("FrankaReachCue-v0", "envs.franka:FrankaReachCueVecEnv", 100, {}),
+    ("FrankaPushCube-v0", "envs.franka_cube:FrankaPushCubeVecEnv", 50, {}),
+    ("FrankaPushCubeRandom-v0", "envs.franka_cube:FrankaPushCubeVecEnv", 50, {"randomise_dynamics": True}),
+    ("FrankaPickCube-v0", "envs.franka_cube:FrankaPickCubeVecEnv", 50, {}),
+):
     if _id not in gym.registry:
-        gym.register(_id, vector_entry_point="envs.franka:FrankaReachVecEnv", max_episode_steps=100, kwargs=_kwargs)
+        gym.register(_id, vector_entry_point=_entry, max_episode_steps=_steps, kwargs=_kwargs)
 for _id, _kwargs in (("Go2Walk-v0", {}), ("Go2WalkNoVel-v0", {"observe_base_velocity": False})):
     if _id not in gym.registry:
         gym.register(_id, vector_entry_point="envs.go2:Go2WalkVecEnv", max_episode_steps=1000, kwargs=_kwargs)

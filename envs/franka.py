@@ -1,4 +1,8 @@
-"""FrankaReach-v0: a Franka Panda moves its fingertip point to a random target, simulated in Genesis.
+"""The Franka Panda tasks' shared arm, and the reaching tasks: the fingertip point moves to a random target.
+
+`FrankaArmVecEnv` is what every Panda task shares: the arm mounted on the table (the plane z = 0, a collision
+body), Genesis's gains for it, actions that move the joint-position command, the fingertip point (TCP) and the
+camera. `FrankaReach-v0` and its memory variants live here; the cube tasks in `envs.franka_cube`.
 
 Natively batched: one Genesis scene holds all `num_envs` arms (`scene.build(n_envs=N)`), stepped as one.
 Registered with `vector_entry_point`, so `gym.make_vec("FrankaReach-v0", num_envs=N)` and
@@ -28,11 +32,108 @@ TCP_OFFSET = (0.0, 0.0, 0.1034)  # from the hand link origin to the point betwee
 NUM_ARM_JOINTS = 7
 # How far the arm's joint-velocity penalty can grow, in (rad/s)^2: keeps the term bounded.
 JOINT_VELOCITY_SQ_CAP = 100.0
+FINGERS_OPEN, FINGERS_CLOSED = 0.04, 0.0  # each finger joint's position (m): fully open, fully closed
 
-class FrankaReachVecEnv(GenesisVecEnv):
+
+class FrankaArmVecEnv(GenesisVecEnv):
+    """The Panda on its table: scene, gains, joint-delta actions for the 7 arm joints, the TCP state.
+
+    A task adds its objects in `_add_objects`, says where the fingers go in `_finger_command`, and reads the
+    arm's state with `_read_arm_state` (q, qd, ee_pos, ee_vel) from its `_read_state`.
+    """
+
+    STATE = ("arm_target", "prev_action")
+    CAMERA = dict(res=(480, 360), pos=(1.4, -1.1, 1.0), lookat=(0.35, 0.0, 0.3), fov=40)
+
+    def __init__(self, num_envs: int, seed: int, device, sim_device: str, max_episode_steps: int, decimation: int,
+                 sim_dt: float, action_scale: float, init_noise: float, obs_dim: int, action_dim: int,
+                 stagger_episodes: bool, max_abs_value: float | None, render_mode: str | None, **rigid_options):
+        for name, value in (("sim_dt", sim_dt), ("action_scale", action_scale)):
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
+        super().__init__(num_envs, seed, device, sim_device, max_episode_steps, decimation, obs_dim, 1.0,
+                         action_dim, stagger_episodes, max_abs_value, render_mode)
+        self.action_scale = action_scale
+        self.init_noise = init_noise
+
+        import genesis as gs
+        from genesis.utils.geom import transform_by_quat
+
+        self._transform_by_quat = transform_by_quat
+        scene = gs.Scene(
+            sim_options=gs.options.SimOptions(dt=sim_dt),
+            rigid_options=gs.options.RigidOptions(constraint_timeconst=max(0.02, 2 * sim_dt), **rigid_options),
+            vis_options=gs.options.VisOptions(rendered_envs_idx=[0]),
+            show_viewer=False,
+        )
+        self.table = scene.add_entity(gs.morphs.Plane())
+        self.robot = scene.add_entity(gs.morphs.MJCF(file="xml/franka_emika_panda/panda.xml"))
+        self._add_objects(scene)
+        self._build(scene, self.CAMERA)
+        self.hand = self.robot.get_link("hand")
+
+        sim = gs.device
+        self.robot.set_dofs_kp(torch.tensor(KP, device=sim))
+        self.robot.set_dofs_kv(torch.tensor(KV, device=sim))
+        force = torch.tensor(FORCE_LIMIT, device=sim)
+        self.robot.set_dofs_force_range(-force, force)
+        self.home_qpos = torch.tensor(HOME_QPOS, device=sim)
+        lower, upper = self.robot.get_dofs_limit()
+        self.arm_lower, self.arm_upper = lower[:NUM_ARM_JOINTS].to(sim), upper[:NUM_ARM_JOINTS].to(sim)
+        self.tcp_offset = torch.tensor(TCP_OFFSET, device=sim).expand(num_envs, 3)
+        self.arm_target = torch.zeros(num_envs, NUM_ARM_JOINTS, device=sim)  # integrated joint-position command
+        self.prev_action = torch.zeros(num_envs, action_dim, device=sim)
+
+    def _add_objects(self, scene) -> None:
+        """Adds the task's objects to `scene` before it is built."""
+
+    def _finger_command(self) -> torch.Tensor:
+        """Each finger joint's position command, (num_envs, 2); held open unless the task says otherwise."""
+        return self.home_qpos[NUM_ARM_JOINTS:].expand(self.num_envs, 2)
+
+    def _reset_arm(self, envs_idx: torch.Tensor) -> None:
+        """The arm at home plus uniform joint noise of `init_noise` rad, at rest, commanded to stay there."""
+        n = len(envs_idx)
+        qpos = self.home_qpos.repeat(n, 1)
+        noise = self.init_noise * torch.ones(NUM_ARM_JOINTS, device=qpos.device)
+        qpos[:, :NUM_ARM_JOINTS] += self._uniform(n, -noise, noise)
+        qpos[:, :NUM_ARM_JOINTS] = qpos[:, :NUM_ARM_JOINTS].clamp(self.arm_lower, self.arm_upper)
+        qpos[:, NUM_ARM_JOINTS:] = self._finger_command()[envs_idx]
+        self.robot.set_dofs_position(qpos, envs_idx=envs_idx, zero_velocity=True)
+        self.robot.control_dofs_position(qpos, envs_idx=envs_idx)
+        self.arm_target[envs_idx] = qpos[:, :NUM_ARM_JOINTS]
+        self.prev_action[envs_idx] = 0.0
+
+    def _apply_action(self, action: torch.Tensor) -> None:
+        """The first 7 actions move the joint-position command by up to `action_scale` rad per joint."""
+        self.action_rate = (action - self.prev_action).square().sum(-1)
+        self.prev_action = action  # observed as the previous action
+        arm_action = action[:, :NUM_ARM_JOINTS]
+        self.arm_target = (self.arm_target + self.action_scale * arm_action).clamp(self.arm_lower, self.arm_upper)
+        self._send_commands()
+
+    def _send_commands(self) -> None:
+        """Arm joints track `arm_target`, the fingers `_finger_command()`."""
+        self.robot.control_dofs_position(torch.cat([self.arm_target, self._finger_command()], dim=-1))
+
+    def _read_arm_state(self) -> None:
+        self.q = self.robot.get_dofs_position()[:, :NUM_ARM_JOINTS]
+        self.qd = self.robot.get_dofs_velocity()[:, :NUM_ARM_JOINTS]
+        hand_quat = self.hand.get_quat()
+        offset = self._transform_by_quat(self.tcp_offset, hand_quat)
+        self.ee_pos = self.hand.get_pos() + offset
+        self.ee_vel = self.hand.get_vel() + torch.cross(self.hand.get_ang(), offset, dim=-1)
+
+    def _joint_velocity_penalty(self) -> torch.Tensor:
+        """Sum of squared arm joint velocities, capped at JOINT_VELOCITY_SQ_CAP (a bounded term)."""
+        return self.qd.square().sum(-1).clamp(max=JOINT_VELOCITY_SQ_CAP)
+
+
+class FrankaReachVecEnv(FrankaArmVecEnv):
     """`num_envs` Panda arms reaching random targets; torch tensors in, torch tensors out."""
 
     STATE = ("arm_target", "prev_action", "target_pos")
+    EXTRA_OBS = 0  # observations a variant appends
 
     def __init__(
         self,
@@ -57,89 +158,35 @@ class FrankaReachVecEnv(GenesisVecEnv):
         max_abs_value: float | None = MAX_ABS_VALUE,
         render_mode: str | None = None,
     ):
-        for name, value in (("sim_dt", sim_dt), ("action_scale", action_scale), ("success_threshold", success_threshold)):
-            if not value > 0:
-                raise ValueError(f"{name} must be positive, got {value!r}")
+        if not success_threshold > 0:
+            raise ValueError(f"success_threshold must be positive, got {success_threshold!r}")
         # FrankaReachNoVel-v0 drops the joint and end-effector velocities: a policy must infer them from memory.
         self.observe_velocities = observe_velocities
-        obs_dim = 3 * NUM_ARM_JOINTS + 12  # q, q̇, previous action; ee pos, ee vel, target, ee→target
+        obs_dim = 3 * NUM_ARM_JOINTS + 12 + self.EXTRA_OBS  # q, q̇, previous action; ee pos, ee vel, target, ee→target
         if not observe_velocities:
             obs_dim -= NUM_ARM_JOINTS + 3
-        super().__init__(num_envs, seed, device, sim_device, max_episode_steps, decimation, obs_dim, 1.0,
-                         NUM_ARM_JOINTS, stagger_episodes, max_abs_value, render_mode)
-        self.action_scale = action_scale
+        super().__init__(num_envs, seed, device, sim_device, max_episode_steps, decimation, sim_dt, action_scale,
+                         init_noise, obs_dim, NUM_ARM_JOINTS, stagger_episodes, max_abs_value, render_mode)
         self.success_threshold = success_threshold
-        self.init_noise = init_noise
         self.weights = {
             "distance": distance_weight,
             "success_bonus": success_bonus,
             "action_rate": action_rate_weight,
             "joint_velocity": joint_velocity_weight,
         }
-
         import genesis as gs
-        from genesis.utils.geom import transform_by_quat
 
-        self._transform_by_quat = transform_by_quat
-        scene = gs.Scene(
-            sim_options=gs.options.SimOptions(dt=sim_dt),
-            rigid_options=gs.options.RigidOptions(constraint_timeconst=max(0.02, 2 * sim_dt)),
-            vis_options=gs.options.VisOptions(rendered_envs_idx=[0]),
-            show_viewer=False,
-        )
-        scene.add_entity(gs.morphs.Plane())
-        self.robot = scene.add_entity(gs.morphs.MJCF(file="xml/franka_emika_panda/panda.xml"))
-        self._build(scene, dict(res=(480, 360), pos=(1.4, -1.1, 1.0), lookat=(0.35, 0.0, 0.3), fov=40))
-        self.hand = self.robot.get_link("hand")
-
-        sim = gs.device
-        self.robot.set_dofs_kp(torch.tensor(KP, device=sim))
-        self.robot.set_dofs_kv(torch.tensor(KV, device=sim))
-        force = torch.tensor(FORCE_LIMIT, device=sim)
-        self.robot.set_dofs_force_range(-force, force)
-        self.home_qpos = torch.tensor(HOME_QPOS, device=sim)
-        lower, upper = self.robot.get_dofs_limit()
-        self.arm_lower, self.arm_upper = lower[:NUM_ARM_JOINTS].to(sim), upper[:NUM_ARM_JOINTS].to(sim)
-        self.tcp_offset = torch.tensor(TCP_OFFSET, device=sim).expand(num_envs, 3)
-        self.target_low = torch.tensor(target_low, device=sim)
-        self.target_high = torch.tensor(target_high, device=sim)
-
-        self.arm_target = torch.zeros(num_envs, NUM_ARM_JOINTS, device=sim)  # integrated joint-position command
-        self.prev_action = torch.zeros(num_envs, NUM_ARM_JOINTS, device=sim)
-        self.target_pos = torch.zeros(num_envs, 3, device=sim)
+        self.target_low = torch.tensor(target_low, device=gs.device)
+        self.target_high = torch.tensor(target_high, device=gs.device)
+        self.target_pos = torch.zeros(num_envs, 3, device=gs.device)
 
     def _reset_envs(self, envs_idx: torch.Tensor) -> None:
         """New episode for the envs at `envs_idx`: home pose plus noise, zero velocity, a fresh target."""
-        n = len(envs_idx)
-        qpos = self.home_qpos.repeat(n, 1)
-        noise = self.init_noise * torch.ones(NUM_ARM_JOINTS, device=qpos.device)
-        qpos[:, :NUM_ARM_JOINTS] += self._uniform(n, -noise, noise)
-        qpos[:, :NUM_ARM_JOINTS] = qpos[:, :NUM_ARM_JOINTS].clamp(self.arm_lower, self.arm_upper)
-        self.robot.set_dofs_position(qpos, envs_idx=envs_idx, zero_velocity=True)
-        self.robot.control_dofs_position(qpos, envs_idx=envs_idx)
-        self.arm_target[envs_idx] = qpos[:, :NUM_ARM_JOINTS]
-        self.prev_action[envs_idx] = 0.0
-        self.target_pos[envs_idx] = self._uniform(n, self.target_low, self.target_high)
-
-    def _apply_action(self, action: torch.Tensor) -> None:
-        """Each action moves the joint-position command by up to `action_scale` rad per joint."""
-        self.action_rate = (action - self.prev_action).square().sum(-1)
-        self.prev_action = action  # observed as the previous action
-        self.arm_target = (self.arm_target + self.action_scale * action).clamp(self.arm_lower, self.arm_upper)
-        self._send_commands()
-
-    def _send_commands(self) -> None:
-        """Arm joints track `arm_target`; the fingers are held open."""
-        fingers = self.home_qpos[NUM_ARM_JOINTS:].expand(self.num_envs, 2)
-        self.robot.control_dofs_position(torch.cat([self.arm_target, fingers], dim=-1))
+        self._reset_arm(envs_idx)
+        self.target_pos[envs_idx] = self._uniform(len(envs_idx), self.target_low, self.target_high)
 
     def _read_state(self) -> None:
-        self.q = self.robot.get_dofs_position()[:, :NUM_ARM_JOINTS]
-        self.qd = self.robot.get_dofs_velocity()[:, :NUM_ARM_JOINTS]
-        hand_quat = self.hand.get_quat()
-        offset = self._transform_by_quat(self.tcp_offset, hand_quat)
-        self.ee_pos = self.hand.get_pos() + offset
-        self.ee_vel = self.hand.get_vel() + torch.cross(self.hand.get_ang(), offset, dim=-1)
+        self._read_arm_state()
         self.to_target = self.target_pos - self.ee_pos
 
     def _observe(self) -> torch.Tensor:
@@ -157,10 +204,45 @@ class FrankaReachVecEnv(GenesisVecEnv):
             "distance": -w["distance"] * distance,
             "success_bonus": w["success_bonus"] * self.reached.float(),
             "action_rate": -w["action_rate"] * self.action_rate,
-            "joint_velocity": -w["joint_velocity"] * self.qd.square().sum(-1).clamp(max=JOINT_VELOCITY_SQ_CAP),
+            "joint_velocity": -w["joint_velocity"] * self._joint_velocity_penalty(),
         }
         return terms, torch.zeros_like(self.reached)  # reaching has no terminal state: the arm must also hold still
 
     def _episode_info(self, ended: torch.Tensor) -> dict:
         """Success: the fingertip point within `success_threshold` of the target when the episode ends."""
         return {"success": ended & self.reached}
+
+
+class FrankaReachCueVecEnv(FrankaReachVecEnv):
+    """FrankaReach-v0 with occluded perception: the target is seen only in an episode's first `cue_steps`
+    observations (then zeros, and a "visible" flag of 0), so reaching it means remembering where it was.
+
+    The observation is FrankaReach-v0's with the target and the fingertip-to-target vector zeroed while hidden,
+    and the flag appended (34 numbers). A memoryless policy can only aim at where targets are on average.
+    """
+
+    STATE = (*FrankaReachVecEnv.STATE, "episode_age")
+    EXTRA_OBS = 1
+
+    def __init__(self, *args, cue_steps: int = 5, **kwargs):
+        if not isinstance(cue_steps, int) or cue_steps < 1:
+            raise ValueError(f"cue_steps must be a positive integer, got {cue_steps!r}")
+        self.cue_steps = cue_steps
+        super().__init__(*args, **kwargs)
+        # Steps since the episode began; not episode_step, which starts staggered in the first episodes.
+        self.episode_age = torch.zeros(self.num_envs, dtype=torch.int64, device=self.target_pos.device)
+
+    def _reset_envs(self, envs_idx: torch.Tensor) -> None:
+        super()._reset_envs(envs_idx)
+        self.episode_age[envs_idx] = 0
+
+    def _apply_action(self, action: torch.Tensor) -> None:
+        super()._apply_action(action)
+        self.episode_age += 1
+
+    def _observe(self) -> torch.Tensor:
+        visible = (self.episode_age < self.cue_steps).float()[:, None]
+        obs = super()._observe()
+        target = obs.shape[-1] - NUM_ARM_JOINTS - 6  # target (3) and ee→target (3) come just before prev_action
+        obs[:, target:target + 6] *= visible
+        return torch.cat([obs, visible], dim=-1)

@@ -1,0 +1,353 @@
+"""The Panda and a 4-cm cube on its table, simulated in Genesis: push it to a goal, or pick it up and hold it.
+
+Natively batched like FrankaReach-v0 (the arm, its gains, joint-delta actions and the TCP come from
+`envs.franka.FrankaArmVecEnv`). The table is the plane z = 0 the arm stands on (as ManiSkill3's table scene,
+whose robot base sits on the table top) and a collision body: arm links other than the fingers touching it
+are penalised by a bounded term of their own. The tables of observations, actions and rewards are in the README.
+
+- `FrankaPushCube-v0` (as ManiSkill3's PushCube-v1): fingers closed, push the cube into a goal region of
+  radius 0.1 m, 0.2 m further from the base. Staged dense reward: reach the point behind the cube (on the
+  line from the cube to the goal), then, while there, the cube's distance to the goal, then a bonus while the
+  cube is inside the region.
+- `FrankaPushCubeRandom-v0`: the same with the cube's mass and the cube's and table's friction drawn per
+  episode from wide ranges and not observed: how far the cube slides for a push must be inferred from how it
+  moved in the recent past, which a policy with memory can do and a memoryless one cannot.
+- `FrankaPickCube-v0` (as ManiSkill3's PickCube-v1 and Isaac Lab's lift): an 8th action drives the gripper
+  (-1 closed, +1 open); grasp the cube, lift it to a goal point in the air and hold it there with the arm
+  nearly still.
+
+Every reward term is bounded and monotone in what it measures and is reported in `info["reward_terms"]`.
+At an episode's end `info["success"]` says whether the task is solved on its last step, and
+`info["episode_metrics"]["success_once"]` whether it was solved on any step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from envs.core import MAX_ABS_VALUE
+from envs.franka import FINGERS_CLOSED, FINGERS_OPEN, NUM_ARM_JOINTS, FrankaArmVecEnv
+
+CUBE_HALF_SIZE = 0.02  # m (ManiSkill3's cubes are 4 cm)
+# Net contact force (N) on arm links at which the table-contact penalty saturates: bounded, 0 without contact.
+TABLE_FORCE_SCALE = 10.0
+
+
+def closeness(distance: torch.Tensor) -> torch.Tensor:
+    """1 at distance 0, falling to 0 with distance (ManiSkill3's 1 - tanh(5 d)): bounded and monotone."""
+    return 1.0 - torch.tanh(5.0 * distance)
+
+
+class FrankaCubeVecEnv(FrankaArmVecEnv):
+    """What the cube tasks share: the cube, where it starts, the table-contact penalty and success reporting."""
+
+    STATE = ("arm_target", "prev_action", "goal_pos", "solved_once")
+
+    def __init__(self, num_envs, seed, device, sim_device, max_episode_steps, decimation, sim_dt, action_scale,
+                 init_noise, obs_dim, action_dim, stagger_episodes, max_abs_value, render_mode,
+                 cube_x_range, cube_y_range, table_contact_weight, action_rate_weight, **rigid_options):
+        super().__init__(num_envs, seed, device, sim_device, max_episode_steps, decimation, sim_dt, action_scale,
+                         init_noise, obs_dim, action_dim, stagger_episodes, max_abs_value, render_mode,
+                         **rigid_options)
+        import genesis as gs
+
+        sim = gs.device
+        self.cube_low = torch.tensor((cube_x_range[0], cube_y_range[0], CUBE_HALF_SIZE), device=sim)
+        self.cube_high = torch.tensor((cube_x_range[1], cube_y_range[1], CUBE_HALF_SIZE), device=sim)
+        self.goal_pos = torch.zeros(num_envs, 3, device=sim)
+        self.solved_once = torch.zeros(num_envs, dtype=torch.bool, device=sim)
+        self.table_contact_weight = table_contact_weight
+        self.action_rate_weight = action_rate_weight
+        # The links whose touching the table is penalised (global indices): all but the fingers and the base,
+        # which is bolted to it.
+        self._penalised_links = torch.tensor(
+            [link.idx for link in self.robot.links[1:] if "finger" not in link.name], device=sim, dtype=torch.int32)
+
+    def _add_objects(self, scene) -> None:
+        import genesis as gs
+
+        self.cube = scene.add_entity(
+            gs.morphs.Box(size=(2 * CUBE_HALF_SIZE,) * 3, pos=(0.5, 0.0, CUBE_HALF_SIZE)),
+            surface=gs.surfaces.Default(color=(0.85, 0.15, 0.1)),
+        )
+
+    def _reset_cube(self, envs_idx: torch.Tensor) -> torch.Tensor:
+        """The cube at rest on the table, upright, at a uniform position in the cube ranges; returns it."""
+        n = len(envs_idx)
+        pos = self._uniform(n, self.cube_low, self.cube_high)
+        upright = torch.tensor((1.0, 0.0, 0.0, 0.0), device=pos.device).expand(n, 4)
+        self.cube.set_pos(pos, envs_idx=envs_idx, skip_forward=True)
+        self.cube.set_quat(upright, envs_idx=envs_idx, zero_velocity=True)
+        self.solved_once[envs_idx] = False
+        return pos
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "cube_qpos": self.cube.get_qpos().cpu(),
+                "cube_dofs_velocity": self.cube.get_dofs_velocity().cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        import genesis as gs
+
+        super().load_state_dict(state)
+        self.cube.set_qpos(state["cube_qpos"].to(gs.device), zero_velocity=False)
+        self.cube.set_dofs_velocity(state["cube_dofs_velocity"].to(gs.device))
+
+    def _read_cube_state(self) -> None:
+        self._read_arm_state()
+        self.cube_pos = self.cube.get_pos()
+        self.cube_quat = self.cube.get_quat()
+        self.cube_vel = self.cube.get_vel()
+
+    def _table_contact(self) -> torch.Tensor:
+        """In [0, 1]: the contact force between the table and the arm's links (fingers excepted), over
+        TABLE_FORCE_SCALE, saturated."""
+        contacts = self.robot.get_contacts(with_entity=self.table)  # (num_envs, contacts) per key
+        robot_link = torch.where(contacts["link_a"] == self.table.base_link.idx, contacts["link_b"], contacts["link_a"])
+        penalised = contacts["valid_mask"] & torch.isin(robot_link, self._penalised_links)
+        force = (contacts["force_a"].norm(dim=-1) * penalised).sum(-1)
+        return (force / TABLE_FORCE_SCALE).clamp(max=1.0)
+
+    def _common_terms(self) -> dict[str, torch.Tensor]:
+        return {
+            "table_contact": -self.table_contact_weight * self._table_contact(),
+            "action_rate": -self.action_rate_weight * self.action_rate,
+        }
+
+    def _episode_info(self, ended: torch.Tensor) -> dict:
+        """Success on the episode's last step, and on any step of it (`success_once`)."""
+        self.solved_once |= self.solved
+        return {"success": ended & self.solved,
+                "episode_metrics": {"success_once": (ended & self.solved_once).float()}}
+
+
+class FrankaPushCubeVecEnv(FrankaCubeVecEnv):
+    """`num_envs` Pandas pushing a cube into a goal region on the table; torch tensors in, torch tensors out."""
+
+    STATE = (*FrankaCubeVecEnv.STATE, "push_dir")
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        sim_device: str = "auto",
+        max_episode_steps: int = 50,
+        decimation: int = 5,
+        sim_dt: float = 0.01,
+        action_scale: float = 0.1,
+        init_noise: float = 0.05,
+        cube_x_range: tuple[float, float] = (0.4, 0.6),
+        cube_y_range: tuple[float, float] = (-0.1, 0.1),
+        goal_offset_x: float = 0.2,
+        goal_y_range: tuple[float, float] = (-0.1, 0.1),
+        goal_radius: float = 0.1,
+        reach_gate: float = 0.02,
+        reach_weight: float = 1.0,
+        push_weight: float = 1.0,
+        success_weight: float = 1.0,
+        table_contact_weight: float = 0.5,
+        action_rate_weight: float = 0.01,
+        randomise_dynamics: bool = False,
+        cube_mass_range: tuple[float, float] = (0.05, 1.0),
+        cube_friction_range: tuple[float, float] = (0.05, 1.0),
+        table_friction_range: tuple[float, float] = (0.05, 1.0),
+        stagger_episodes: bool = True,
+        max_abs_value: float | None = MAX_ABS_VALUE,
+        render_mode: str | None = None,
+    ):
+        if not goal_radius > 0:
+            raise ValueError(f"goal_radius must be positive, got {goal_radius!r}")
+        self.goal_offset_x, self.goal_radius, self.reach_gate = goal_offset_x, goal_radius, reach_gate
+        self.weights = {"reach": reach_weight, "push": push_weight, "success": success_weight}
+        self.randomise_dynamics = randomise_dynamics
+        obs_dim = 3 * NUM_ARM_JOINTS + 6 + 10 + 2 + 3 + 2
+        # Per-env masses need Genesis's per-env link data (a little slower, so only for the randomised task).
+        super().__init__(num_envs, seed, device, sim_device, max_episode_steps, decimation, sim_dt, action_scale,
+                         init_noise, obs_dim, NUM_ARM_JOINTS, stagger_episodes, max_abs_value, render_mode,
+                         cube_x_range, cube_y_range, table_contact_weight, action_rate_weight,
+                         **({"batch_links_info": True} if randomise_dynamics else {}))
+        import genesis as gs
+
+        sim = gs.device
+        self.goal_y_range = torch.tensor(goal_y_range, device=sim)
+        self.push_dir = torch.zeros(num_envs, 2, device=sim)  # unit vector from the cube's start to the goal
+        if randomise_dynamics:
+            self.dynamics_low = torch.tensor((cube_mass_range[0], cube_friction_range[0], table_friction_range[0]),
+                                             device=sim)
+            self.dynamics_high = torch.tensor((cube_mass_range[1], cube_friction_range[1], table_friction_range[1]),
+                                              device=sim)
+            self.dynamics = torch.zeros(num_envs, 3, device=sim)  # mass (kg), cube friction, table friction
+            self.STATE = (*self.STATE, "dynamics")
+
+    def _add_objects(self, scene) -> None:
+        super()._add_objects(scene)
+        import genesis as gs
+
+        if self.render_mode == "rgb_array":  # the goal region, drawn only (no collision, no mass)
+            self.goal_marker = scene.add_entity(
+                gs.morphs.Cylinder(radius=self.goal_radius, height=0.002, pos=(0.7, 0.0, 0.001), fixed=True,
+                                   collision=False),
+                surface=gs.surfaces.Default(color=(0.1, 0.7, 0.2)),
+            )
+
+    def _reset_envs(self, envs_idx: torch.Tensor) -> None:
+        """Arm home plus noise, cube at rest at a random spot, goal `goal_offset_x` further out, y random."""
+        self._reset_arm(envs_idx)
+        cube = self._reset_cube(envs_idx)
+        n = len(envs_idx)
+        goal = cube.clone()
+        goal[:, 0] += self.goal_offset_x
+        goal[:, 1] = self._uniform(n, self.goal_y_range[:1], self.goal_y_range[1:]).squeeze(-1)
+        goal[:, 2] = 0.0
+        self.goal_pos[envs_idx] = goal
+        to_goal = goal[:, :2] - cube[:, :2]
+        self.push_dir[envs_idx] = to_goal / to_goal.norm(dim=-1, keepdim=True)
+        if self.randomise_dynamics:
+            drawn = self._uniform(n, self.dynamics_low, self.dynamics_high)
+            self.dynamics[envs_idx] = drawn
+            self._send_dynamics(envs_idx)
+        if getattr(self, "goal_marker", None) is not None:
+            self.goal_marker.set_pos(goal + torch.tensor((0.0, 0.0, 0.001), device=goal.device), envs_idx=envs_idx)
+
+    def _send_dynamics(self, envs_idx: torch.Tensor) -> None:
+        """The cube's mass and friction and the table's friction of these envs, as drawn. Genesis takes the
+        larger of two bodies' frictions for their contact, so the cube-table friction is the larger draw."""
+        mass, cube_friction, table_friction = self.dynamics[envs_idx].unbind(-1)
+        self.cube.set_links_mass(mass[:, None], envs_idx=envs_idx)
+        self.cube.set_friction_ratio(cube_friction[:, None], links_idx_local=[0], envs_idx=envs_idx)
+        self.table.set_friction_ratio(table_friction[:, None], links_idx_local=[0], envs_idx=envs_idx)
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.randomise_dynamics:
+            self._send_dynamics(torch.arange(self.num_envs, device=self.dynamics.device))
+
+    def _read_state(self) -> None:
+        self._read_cube_state()
+        behind = self.cube_pos.clone()
+        behind[:, :2] -= (CUBE_HALF_SIZE + 0.005) * self.push_dir  # just behind the cube's face, on the push line
+        self.to_push_point = behind - self.ee_pos
+        self.cube_to_goal = self.goal_pos[:, :2] - self.cube_pos[:, :2]
+
+    def _observe(self) -> torch.Tensor:
+        return torch.cat([self.q - self.home_qpos[:NUM_ARM_JOINTS], self.qd, self.prev_action, self.ee_pos,
+                          self.ee_vel, self.cube_pos, self.cube_quat, self.cube_vel, self.goal_pos[:, :2],
+                          self.to_push_point, self.cube_to_goal], dim=-1)
+
+    def _evaluate(self, action: torch.Tensor):
+        reach_distance = self.to_push_point.norm(dim=-1)
+        goal_distance = self.cube_to_goal.norm(dim=-1)
+        on_table = self.cube_pos[:, 2] < CUBE_HALF_SIZE + 0.005
+        self.solved = (goal_distance < self.goal_radius) & on_table
+        w = self.weights
+        terms = {
+            "reach": w["reach"] * closeness(reach_distance),
+            "push": w["push"] * closeness(goal_distance) * (reach_distance < self.reach_gate),
+            "success": w["success"] * self.solved.float(),
+            **self._common_terms(),
+        }
+        return terms, torch.zeros_like(self.solved)  # the cube must stay in the region until the time limit
+
+
+class FrankaPickCubeVecEnv(FrankaCubeVecEnv):
+    """`num_envs` Pandas picking up a cube and holding it at a goal point in the air."""
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        sim_device: str = "auto",
+        max_episode_steps: int = 50,
+        decimation: int = 5,
+        sim_dt: float = 0.01,
+        action_scale: float = 0.1,
+        init_noise: float = 0.05,
+        cube_x_range: tuple[float, float] = (0.4, 0.6),
+        cube_y_range: tuple[float, float] = (-0.1, 0.1),
+        goal_height_range: tuple[float, float] = (0.05, 0.3),
+        goal_threshold: float = 0.025,
+        still_threshold: float = 0.2,
+        reach_weight: float = 1.0,
+        grasp_weight: float = 1.0,
+        place_weight: float = 1.0,
+        still_weight: float = 1.0,
+        success_weight: float = 1.0,
+        table_contact_weight: float = 0.5,
+        action_rate_weight: float = 0.01,
+        stagger_episodes: bool = True,
+        max_abs_value: float | None = MAX_ABS_VALUE,
+        render_mode: str | None = None,
+    ):
+        self.goal_threshold, self.still_threshold = goal_threshold, still_threshold
+        self.weights = {"reach": reach_weight, "grasp": grasp_weight, "place": place_weight, "still": still_weight,
+                        "success": success_weight}
+        obs_dim = 3 * NUM_ARM_JOINTS + 1 + 2 + 6 + 10 + 3 + 3 + 3
+        super().__init__(num_envs, seed, device, sim_device, max_episode_steps, decimation, sim_dt, action_scale,
+                         init_noise, obs_dim, NUM_ARM_JOINTS + 1, stagger_episodes, max_abs_value, render_mode,
+                         cube_x_range, cube_y_range, table_contact_weight, action_rate_weight)
+        import genesis as gs
+
+        self.goal_low = torch.tensor((cube_x_range[0], cube_y_range[0], goal_height_range[0]), device=gs.device)
+        self.goal_high = torch.tensor((cube_x_range[1], cube_y_range[1], goal_height_range[1]), device=gs.device)
+        self.left_finger = self.robot.get_link("left_finger").idx_local
+        self.right_finger = self.robot.get_link("right_finger").idx_local
+
+    def _add_objects(self, scene) -> None:
+        super()._add_objects(scene)
+        import genesis as gs
+
+        if self.render_mode == "rgb_array":  # the goal point, drawn only
+            self.goal_marker = scene.add_entity(
+                gs.morphs.Sphere(radius=0.01, pos=(0.5, 0.0, 0.2), fixed=True, collision=False),
+                surface=gs.surfaces.Default(color=(0.1, 0.7, 0.2)),
+            )
+
+    def _finger_command(self) -> torch.Tensor:
+        """The gripper action (the 8th) maps -1..1 to each finger's closed..open position."""
+        opening = (self.prev_action[:, NUM_ARM_JOINTS] + 1.0) / 2.0
+        finger = FINGERS_CLOSED + (FINGERS_OPEN - FINGERS_CLOSED) * opening
+        return finger[:, None].expand(self.num_envs, 2)
+
+    def _reset_envs(self, envs_idx: torch.Tensor) -> None:
+        """Arm home plus noise with the gripper open, cube at rest at a random spot, goal above the cube area."""
+        self.prev_action[envs_idx] = 0.0
+        self.prev_action[envs_idx, NUM_ARM_JOINTS] = 1.0  # starts open
+        self._reset_arm(envs_idx)
+        self.prev_action[envs_idx, NUM_ARM_JOINTS] = 1.0
+        self._reset_cube(envs_idx)
+        self.goal_pos[envs_idx] = self._uniform(len(envs_idx), self.goal_low, self.goal_high)
+        if getattr(self, "goal_marker", None) is not None:
+            self.goal_marker.set_pos(self.goal_pos[envs_idx], envs_idx=envs_idx)
+
+    def _read_state(self) -> None:
+        self._read_cube_state()
+        self.fingers = self.robot.get_dofs_position()[:, NUM_ARM_JOINTS:]
+        self.to_cube = self.cube_pos - self.ee_pos
+        self.cube_to_goal = self.goal_pos - self.cube_pos
+        # Grasped: the cube between the fingertips, the fingers closing and stopped by it (not shut).
+        width = self.fingers.sum(-1)
+        closing = self.prev_action[:, NUM_ARM_JOINTS] < 0.0
+        self.grasped = (self.to_cube.norm(dim=-1) < 0.02) & closing & (width > 2 * CUBE_HALF_SIZE - 0.01)
+
+    def _observe(self) -> torch.Tensor:
+        return torch.cat([self.q - self.home_qpos[:NUM_ARM_JOINTS], self.qd, self.prev_action, self.fingers,
+                          self.ee_pos, self.ee_vel, self.cube_pos, self.cube_quat, self.cube_vel, self.goal_pos,
+                          self.to_cube, self.cube_to_goal], dim=-1)
+
+    def _evaluate(self, action: torch.Tensor):
+        placed = self.cube_to_goal.norm(dim=-1) < self.goal_threshold
+        joint_speed = self.qd.norm(dim=-1)
+        self.solved = placed & (joint_speed < self.still_threshold)
+        grasped = self.grasped.float()
+        w = self.weights
+        terms = {
+            "reach": w["reach"] * closeness(self.to_cube.norm(dim=-1)),
+            "grasp": w["grasp"] * grasped,
+            "place": w["place"] * closeness(self.cube_to_goal.norm(dim=-1)) * grasped,
+            "still": w["still"] * closeness(joint_speed) * placed,
+            "success": w["success"] * self.solved.float(),
+            **self._common_terms(),
+        }
+        return terms, torch.zeros_like(self.solved)
+

@@ -1,0 +1,270 @@
+"""The envs/ contract and the documented details of the Panda's cube tasks and of FrankaReachCue-v0 (CPU backend,
+a few envs). Scene builds take seconds, so the scenes are module fixtures; each test starts from a seeded reset.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import envs
+from conftest import check_episode_statistics, check_seeding
+from envs.franka_cube import CUBE_HALF_SIZE
+
+CPU = dict(sim_device="cpu", stagger_episodes=False)
+EPISODE = 10
+CUBE_IDS = ("FrankaPushCube-v0", "FrankaPushCubeRandom-v0", "FrankaPickCube-v0")
+# A joint pose found by sampling that drives the hand link into the table (the fingers stay clear of it).
+HAND_ON_TABLE = (-0.0188, -0.8762, -2.2202, -2.9755, -2.4453, 1.4852, 1.5889)
+
+
+def actions(vec, steps, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (vec.num_envs, vec.single_action_space.shape[0])
+    return [scale * (2 * torch.rand(*shape, generator=g) - 1) for _ in range(steps)]
+
+
+@pytest.fixture(scope="module")
+def scenes():
+    made = {env_id: envs.make(env_id, num_envs=4, seed=0, max_episode_steps=EPISODE, **CPU)
+            for env_id in (*CUBE_IDS, "FrankaReachCue-v0")}
+    for env_id, vec in made.items():
+        vec.env_id = env_id
+    yield made
+    for vec in made.values():
+        vec.close()
+
+
+@pytest.fixture(params=CUBE_IDS)
+def cube_task(request, scenes):
+    return scenes[request.param]
+
+
+@pytest.fixture(params=(*CUBE_IDS, "FrankaReachCue-v0"))
+def any_task(request, scenes):
+    return scenes[request.param]
+
+
+def test_registered_ids_have_the_documented_spaces(scenes):
+    """Bug: an observation block dropped or doubled, or the gripper missing from (or leaking into) the actions."""
+    shapes = {env_id: (vec.single_observation_space.shape[0], vec.single_action_space.shape[0])
+              for env_id, vec in scenes.items()}
+    assert shapes == {"FrankaPushCube-v0": (44, 7), "FrankaPushCubeRandom-v0": (44, 7),
+                      "FrankaPickCube-v0": (49, 8), "FrankaReachCue-v0": (34, 7)}
+    for vec in scenes.values():
+        obs, _ = vec.reset(seed=0)
+        assert obs.shape == (4, vec.single_observation_space.shape[0]) and obs.dtype == torch.float32
+
+
+def test_cube_starts_at_rest_on_the_table_and_the_goal_is_where_documented(cube_task):
+    """Bugs: the cube spawned inside the table or in the air (it jumps or falls at the first step), outside its
+    documented area, or a goal that is not 0.2 m beyond the cube (push) or is under the table (pick)."""
+    cube_task.reset(seed=1)
+    start = cube_task.cube.get_pos().clone()
+    assert torch.allclose(start[:, 2], torch.full((4,), CUBE_HALF_SIZE))
+    assert ((start[:, 0] >= 0.4) & (start[:, 0] <= 0.6) & (start[:, 1].abs() <= 0.1)).all()
+    goal = cube_task.goal_pos
+    if cube_task.single_action_space.shape[0] == 7:  # push: on the table, further out
+        torch.testing.assert_close(goal[:, 0], start[:, 0] + 0.2)
+        assert (goal[:, 1].abs() <= 0.1).all() and (goal[:, 2] == 0).all()
+    else:
+        assert ((goal[:, 2] >= 0.05) & (goal[:, 2] <= 0.3)).all()
+    for _ in range(5):  # the arm holds still near home, far above the cube
+        cube_task.step(torch.zeros(4, cube_task.single_action_space.shape[0]))
+    torch.testing.assert_close(cube_task.cube.get_pos(), start, atol=1e-3, rtol=0)
+
+
+def test_reward_terms_are_finite_bounded_sum_to_the_reward_and_have_the_documented_signs(cube_task):
+    """Bugs: a term that changes sign or grows without bound (a shaping term dividing by a distance that crosses
+    zero), or one left out of the sum."""
+    cube_task.reset(seed=2)
+    seen = {}
+    for action in actions(cube_task, 30, seed=2):
+        _, reward, _, _, info = cube_task.step(action)
+        torch.testing.assert_close(sum(info["reward_terms"].values()), reward)
+        for name, value in info["reward_terms"].items():
+            seen.setdefault(name, []).append(value)
+    seen = {name: torch.cat(values) for name, values in seen.items()}
+    positive = {"reach", "push", "success"} if "push" in seen else {"reach", "grasp", "place", "still", "success"}
+    assert set(seen) == positive | {"table_contact", "action_rate"}
+    for name, value in seen.items():
+        assert torch.isfinite(value).all(), name
+        low, high = (0.0, 1.0) if name in positive else (-0.5, 0.0) if name == "table_contact" else (-0.28, 0.0)
+        assert ((value >= low) & (value <= high)).all(), name
+    assert (seen["reach"] > 0).all() and (seen["action_rate"] < 0).any()
+
+
+def test_an_arm_link_on_the_table_is_penalised_and_the_fingers_are_not(scenes):
+    """Bugs: the contact penalty never fires (wrong link indices, contacts read before the step), or fires for the
+    fingers, which must touch the table to push a cube."""
+    push = scenes["FrankaPushCube-v0"]
+    push.reset(seed=3)
+    qpos = push.robot.get_qpos()
+    qpos[0, :7] = torch.tensor(HAND_ON_TABLE)
+    push.robot.set_qpos(qpos, zero_velocity=True)
+    push.arm_target[:] = qpos[:, :7]
+    contact = push.step(torch.zeros(4, 7))[4]["reward_terms"]["table_contact"]
+    assert contact[0] == -0.5 and (contact[1:] == 0).all()
+    # Fingertips pressed on the table (the arm stretched down until they stop): no penalty.
+    push.reset(seed=3)
+    down = torch.zeros(4, 7)
+    down[:, 1] = down[:, 3] = 1.0
+    push.max_episode_steps = 40
+    try:
+        for _ in range(30):
+            info = push.step(down)[4]
+    finally:
+        push.max_episode_steps = EPISODE
+    assert (push.ee_pos[:, 2] < 0.02).all() and (info["reward_terms"]["table_contact"] == 0).all()
+
+
+def test_success_means_the_cube_in_the_goal_at_the_end_and_success_once_at_any_step(scenes):
+    """Bugs: success read mid-episode, a cube that visited the goal counted as solved at the end, or the
+    any-time rate forgetting a visit."""
+    push = scenes["FrankaPushCube-v0"]
+    push.reset(seed=4)
+    first = torch.tensor([0])
+    on_goal = push.goal_pos[:1].clone()
+    on_goal[:, 2] = CUBE_HALF_SIZE
+    push.cube.set_pos(on_goal, envs_idx=first)
+    info = push.step(torch.zeros(4, 7))[4]
+    assert info["reward_terms"]["success"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert not info["success"].any()  # the episode goes on
+    for _ in range(EPISODE - 1):
+        info = push.step(torch.zeros(4, 7))[4]
+    assert info["success"].tolist() == [True, False, False, False]
+    assert info["episode_metrics"]["success_once"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    # Visited, then pushed out before the end: solved once, not at the end.
+    push.reset(seed=4)
+    push.cube.set_pos(on_goal, envs_idx=first)
+    push.step(torch.zeros(4, 7))
+    away = push.cube.get_pos()[:1]
+    away[:, 0] -= 0.3
+    push.cube.set_pos(away, envs_idx=first)
+    for _ in range(EPISODE - 1):
+        info = push.step(torch.zeros(4, 7))[4]
+    assert info["success"].tolist() == [False] * 4
+    assert info["episode_metrics"]["success_once"].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_gripper_action_opens_and_closes_the_fingers(scenes):
+    """Bug: the gripper action ignored (fingers stuck open) or inverted (-1 opening)."""
+    pick = scenes["FrankaPickCube-v0"]
+    pick.reset(seed=5)
+    assert (pick.fingers > 0.039).all()  # episodes start open
+    close = torch.zeros(4, 8)
+    close[:, 7] = -1.0
+    for _ in range(5):
+        pick.step(close)
+    assert (pick.fingers < 0.005).all()
+    for _ in range(5):
+        obs = pick.step(-close)[0]
+    assert (pick.fingers > 0.039).all()
+    torch.testing.assert_close(obs[:, 22:24], pick.fingers)
+
+
+def test_cue_target_is_visible_exactly_the_first_cue_steps(scenes):
+    """Bugs: the target visible all episode (no memory needed), never, or one step too many; the visible flag
+    out of step with it; the cue keyed to the staggered step counter instead of the episode's own age."""
+    cue = scenes["FrankaReachCue-v0"]
+    obs, _ = cue.reset(seed=6)
+    cue.episode_step[:] = torch.tensor([0, 2, 1, 2])  # as staggered first episodes start (none ends below)
+    target, to_target, flag = slice(20, 23), slice(23, 26), 33
+    for age, action in enumerate(actions(cue, 8, seed=6, scale=0.3)):
+        visible = age < cue.cue_steps
+        assert (obs[:, flag] == float(visible)).all(), age
+        if visible:
+            torch.testing.assert_close(obs[:, target], cue.target_pos)
+            torch.testing.assert_close(obs[:, to_target], cue.target_pos - cue.ee_pos)
+        else:
+            assert (obs[:, target] == 0).all() and (obs[:, to_target] == 0).all()
+        obs = cue.step(action)[0]
+
+
+def test_randomised_dynamics_differ_per_episode_stay_in_range_and_are_not_observed(scenes):
+    """Bugs: one draw for every env or every episode (nothing to infer), values outside the documented ranges, a
+    draw that never reaches the simulator, or the mass or friction leaking into the observation."""
+    rand = scenes["FrankaPushCubeRandom-v0"]
+    rand.reset(seed=7)
+    first = rand.dynamics.clone()
+    rand.reset(seed=8)
+    second = rand.dynamics.clone()
+    both = torch.cat([first, second])
+    assert len(set(both[:, 0].tolist())) == 8 and not torch.allclose(first, second)
+    assert ((both[:, 0] >= 0.05) & (both[:, 0] <= 1.0)).all()
+    assert ((both[:, 1:] >= 0.05) & (both[:, 1:] <= 1.0)).all()
+    torch.testing.assert_close(rand.cube.get_links_mass()[:, 0] if rand.cube.get_links_mass().dim() > 1
+                               else rand.cube.get_links_mass(), second[:, 0])
+    obs = rand._observe()
+    rand.dynamics[:] = torch.tensor([0.9, 0.9, 0.9])
+    rand._send_dynamics(torch.arange(4))
+    torch.testing.assert_close(rand._observe(), obs)
+
+
+def test_a_heavy_slippery_cube_moves_differently_from_a_light_grippy_one(scenes):
+    """Bug: the drawn mass and friction do not change the physics, so there is nothing for memory to infer."""
+    rand = scenes["FrankaPushCubeRandom-v0"]
+    rand.reset(seed=9)
+    rand.dynamics[:] = torch.tensor([[0.05, 1.0, 1.0], [1.0, 0.05, 0.05], [0.05, 1.0, 1.0], [1.0, 0.05, 0.05]])
+    rand._send_dynamics(torch.arange(4))
+    start = rand.cube.get_pos().clone()
+    rand.cube.set_dofs_velocity(torch.tensor([[0.5, 0.0, 0.0, 0.0, 0.0, 0.0]]).repeat(4, 1))  # a shove along x
+    for _ in range(3):
+        rand.step(torch.zeros(4, 7))
+    slid = (rand.cube.get_pos() - start)[:, 0]
+    assert slid[1] > 2 * slid[0] and slid[3] > 2 * slid[2]
+
+
+def test_episode_statistics_are_raw_returns_and_lengths(any_task):
+    any_task.reset(seed=10)
+    assert check_episode_statistics(any_task, actions(any_task, 25, seed=10)) >= 8
+
+
+def test_same_seed_reproduces_the_trajectory_and_another_seed_does_not(any_task):
+    """Bug: cube positions, goals, dynamics or cues drawn from an unseeded generator."""
+    check_seeding([(any_task, 3), (any_task, 3), (any_task, 4)], actions(any_task, 4, seed=1, scale=0.3), atol=1e-5)
+
+
+def test_state_dict_resumes_the_same_trajectory(any_task):
+    """Bug: a resumed run restores the arm but not the cube (or its drawn mass and friction, or the cue's age)."""
+    any_task.reset(seed=11)
+    for action in actions(any_task, 3, seed=11, scale=0.3):
+        any_task.step(action)
+    if hasattr(any_task, "cube"):  # a cube in flight: its velocity matters
+        any_task.cube.set_pos(torch.tensor([[0.45, 0.05, 0.2]]), envs_idx=torch.tensor([2]))
+    any_task.step(torch.zeros(4, any_task.single_action_space.shape[0]))
+    state = any_task.state_dict()
+    later = actions(any_task, 2, seed=12, scale=0.3)
+    expected = [any_task.step(action)[0] for action in later]
+    other = envs.make(any_task.env_id, num_envs=4, seed=99, max_episode_steps=EPISODE, **CPU)
+    other.reset()
+    other.load_state_dict(state)
+    for action, obs in zip(later, expected):
+        torch.testing.assert_close(other.step(action)[0], obs, atol=1e-4, rtol=1e-4)
+    other.close()
+
+
+def test_subset_reset_touches_only_the_masked_envs(any_task):
+    any_task.reset(seed=13)
+    for action in actions(any_task, 3, seed=13, scale=0.3):
+        obs = any_task.step(action)[0]
+    mask = torch.tensor([False, True, False, False])
+    new_obs, _ = any_task.reset(options={"reset_mask": mask})
+    torch.testing.assert_close(new_obs[~mask], obs[~mask])
+    assert any_task.episode_step[1] == 0 and new_obs[1, 7:14].abs().max() < 1e-4  # joints at rest
+
+
+@pytest.mark.parametrize("env_id", ["FrankaPushCube-v0", "FrankaPickCube-v0"])
+def test_headless_video_frame_shows_table_cube_goal_and_gripper(env_id):
+    """Bug: --capture-video renders without the cube or the goal marker, or the marker collides with the cube."""
+    vec = envs.make(env_id, num_envs=2, render_mode="rgb_array", **CPU)
+    vec.reset(seed=0)
+    start = vec.cube.get_pos().clone()
+    for _ in range(3):
+        vec.step(torch.zeros(2, vec.single_action_space.shape[0]))
+    frame = vec.render()
+    torch.testing.assert_close(vec.cube.get_pos(), start, atol=1e-3, rtol=0)
+    vec.close()
+    assert frame.shape == (360, 480, 3) and frame.dtype == np.uint8
+    red = (frame[..., 0] > 150) & (frame[..., 1] < 80) & (frame[..., 2] < 80)
+    green = (frame[..., 1] > 120) & (frame[..., 0] < 100) & (frame[..., 2] < 100)
+    assert red.sum() > 30 and green.sum() > 10
