@@ -185,7 +185,11 @@ PENDULUM = dict(
     CLEANRL, num_envs=4, total_timesteps=300_000, learning_rate=1e-3, num_steps=1024, gamma=0.9, bptt_len=32,
     num_minibatches=16, init_log_std=-0.5,
 )
-PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDULUM, "PendulumNoVel-v1": PENDULUM}
+PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "FrankaReachCue-v0": {}, "Pendulum-v1": PENDULUM,
+           "PendulumNoVel-v1": PENDULUM}
+# The cube tasks: ManiSkill3's PPO settings for PushCube-v1 and PickCube-v1 (gamma 0.8, lambda 0.9) on the arm's.
+PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = PRESETS["FrankaPickCube-v0"] = dict(
+    gamma=0.8, gae_lambda=0.9, total_timesteps=10_000_000)
 # Genesis's locomotion example (rsl_rl's settings, as the arm's) with its entropy bonus and ~10M-step budget.
 PRESETS["Go2Walk-v0"] = PRESETS["Go2WalkNoVel-v0"] = dict(ent_coef=0.01, total_timesteps=10_000_000)
 

@@ -194,12 +194,21 @@ PENDULUM = dict(
     CLEANRL, num_envs=4, total_timesteps=300_000, learning_rate=1e-3, num_steps=1024, gamma=0.9, num_minibatches=16,
     init_log_std=-0.5,
 )
-PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDULUM, "PendulumNoVel-v1": PENDULUM}
+PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "FrankaReachCue-v0": {}, "Pendulum-v1": PENDULUM,
+           "PendulumNoVel-v1": PENDULUM}
+# The cube tasks: ManiSkill3's PPO settings for PushCube-v1 and PickCube-v1 (gamma 0.8, lambda 0.9) on the arm's.
+PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = PRESETS["FrankaPickCube-v0"] = dict(
+    gamma=0.8, gae_lambda=0.9, total_timesteps=10_000_000)
 # Genesis's locomotion example (rsl_rl's settings, as the arm's) with its entropy bonus and ~10M-step budget; without
 # the base's velocities, attention over the last 8 steps (0.16 s, about a third of a stride) to infer them, one token
 # of 32 per step (4 tokens per step ran at 1,416 steps/s on 2 CPU cores, one token at 1,951).
 PRESETS["Go2Walk-v0"] = dict(ent_coef=0.01, total_timesteps=10_000_000)
 PRESETS["Go2WalkNoVel-v0"] = dict(PRESETS["Go2Walk-v0"], context_len=8, num_tokens=1, token_dim=32)
+# The arm's memory tasks in history mode, one token of 32 per step: 16 steps cover the cue of FrankaReachCue-v0 for
+# 11 steps after it is hidden (then only the arm's own motion carries it); for FrankaPushCubeRandom-v0, 0.8 s of
+# pushing to infer the cube's mass and friction from.
+PRESETS["FrankaReachCue-v0"] = dict(context_len=16, num_tokens=1, token_dim=32)
+PRESETS["FrankaPushCubeRandom-v0"] = dict(PRESETS["FrankaPushCube-v0"], context_len=16, num_tokens=1, token_dim=32)
 
 
 def task_args(env_id: str, **flags) -> Args:

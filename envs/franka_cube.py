@@ -42,6 +42,7 @@ class FrankaCubeVecEnv(FrankaArmVecEnv):
     """What the cube tasks share: the cube, where it starts, the table-contact penalty and success reporting."""
 
     STATE = ("arm_target", "prev_action", "goal_pos", "solved_once")
+    CAMERA = dict(res=(480, 360), pos=(1.6, -1.2, 1.1), lookat=(0.5, 0.0, 0.2), fov=40)  # arm, cube and goal
 
     def __init__(self, num_envs, seed, device, sim_device, max_episode_steps, decimation, sim_dt, action_scale,
                  init_noise, obs_dim, action_dim, stagger_episodes, max_abs_value, render_mode,
@@ -189,6 +190,10 @@ class FrankaPushCubeVecEnv(FrankaCubeVecEnv):
                                    collision=False),
                 surface=gs.surfaces.Default(color=(0.1, 0.7, 0.2)),
             )
+
+    def _finger_command(self) -> torch.Tensor:
+        """Fingers held closed: the gripper is a pusher."""
+        return torch.full((self.num_envs, 2), FINGERS_CLOSED, device=self.goal_pos.device)
 
     def _reset_envs(self, envs_idx: torch.Tensor) -> None:
         """Arm home plus noise, cube at rest at a random spot, goal `goal_offset_x` further out, y random."""

@@ -63,7 +63,8 @@ def test_cube_starts_at_rest_on_the_table_and_the_goal_is_where_documented(cube_
     assert torch.allclose(start[:, 2], torch.full((4,), CUBE_HALF_SIZE))
     assert ((start[:, 0] >= 0.4) & (start[:, 0] <= 0.6) & (start[:, 1].abs() <= 0.1)).all()
     goal = cube_task.goal_pos
-    if cube_task.single_action_space.shape[0] == 7:  # push: on the table, further out
+    if cube_task.single_action_space.shape[0] == 7:  # push: on the table, further out; fingers closed
+        assert (cube_task.robot.get_dofs_position()[:, 7:] < 0.005).all()
         torch.testing.assert_close(goal[:, 0], start[:, 0] + 0.2)
         assert (goal[:, 1].abs() <= 0.1).all() and (goal[:, 2] == 0).all()
     else:
@@ -268,3 +269,25 @@ def test_headless_video_frame_shows_table_cube_goal_and_gripper(env_id):
     red = (frame[..., 0] > 150) & (frame[..., 1] < 80) & (frame[..., 2] < 80)
     green = (frame[..., 1] > 120) & (frame[..., 0] < 100) & (frame[..., 2] < 100)
     assert red.sum() > 30 and green.sum() > 10
+
+
+# Each script on one of the new tasks (all nine pairs cost CI two minutes more and catch nothing these miss).
+TASK_OF_SCRIPT = {"ppo_continuous": "FrankaPickCube-v0", "ppo_recurrent": "FrankaPushCubeRandom-v0",
+                  "ppo_transformer": "FrankaReachCue-v0"}
+
+
+def test_each_script_trains_logs_and_evaluates_a_new_task(script, in_tmp):
+    """Bugs: a script that cannot act in a task (the gripper's 8th action, a preset that does not fit it), or the
+    cube tasks' any-time success lost between info and the logs or --eval-checkpoint's report."""
+    env_id = TASK_OF_SCRIPT[script.name]
+    args = script.args(env_id=env_id, num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1,
+                       total_timesteps=8 * 8 * 2, hidden_sizes=(16,), env_kwargs={"max_episode_steps": 5})
+    summary = script.module.train(args)
+    cube = env_id != "FrankaReachCue-v0"
+    for h in summary["history"]:
+        assert 0.0 <= h["charts/success_rate"] <= 1.0
+        assert ("episode_metrics/success_once" in h) == cube
+    result = script.module.evaluate(summary["checkpoint"], episodes=3, device="cpu", sim_device="cpu")
+    assert result["episodes"] == 3 and result["mean_length"] == 5.0 and 0.0 <= result["success_rate"] <= 1.0
+    if cube:
+        assert result["success_rate"] <= result["success_once"] <= 1.0
