@@ -89,7 +89,8 @@ def test_reward_terms_are_finite_bounded_sum_to_the_reward_and_have_the_document
     assert set(seen) == positive | {"table_contact", "action_rate"}
     for name, value in seen.items():
         assert torch.isfinite(value).all(), name
-        low, high = (0.0, 1.0) if name in positive else (-0.5, 0.0) if name == "table_contact" else (-0.28, 0.0)
+        action_rate_bound = -0.01 * 4 * cube_task.single_action_space.shape[0]  # 0.01 x max squared change
+        low, high = (0.0, 1.0) if name in positive else (-0.5, 0.0) if name == "table_contact" else (action_rate_bound, 0.0)
         assert ((value >= low) & (value <= high)).all(), name
     assert (seen["reach"] > 0).all() and (seen["action_rate"] < 0).any()
 
