@@ -8,7 +8,7 @@
 Every periodic checkpoint is evaluated here (the script's own --eval-checkpoint: mean action, frozen normaliser,
 fresh episodes, --episodes of them); the training-time values (with exploration noise) come from the TensorBoard
 events (TensorBoard's own reader). Plotted: the success rate for tasks that report one, else every metric of the
-task's `info["episode_metrics"]` (Go2Walk-v0: tracking errors and falls). Writes a PNG and a Markdown table; the
+task's `info["episode_metrics"]` (Go2Walk-v0: tracking errors and falls); the cube tasks' success at any step too. Writes a PNG and a Markdown table; the
 results are kept in the run directory (eval_curve_<episodes>.json), so a rerun evaluates only new checkpoints.
 """
 
@@ -38,6 +38,7 @@ GENERAL = ("episodes", "mean_return", "std_return", "mean_length", "video")
 # Metric -> (axis label, target line or None, training tag).
 LABELS = {
     "success_rate": ("success rate", 0.95, "charts/success_rate"),
+    "success_once": ("success at any step", None, "episode_metrics/success_once"),
     "fell": ("fall rate", 0.05, "episode_metrics/fell"),
     "lin_vel_error": ("linear-velocity tracking error (m/s)", 0.1, "episode_metrics/lin_vel_error"),
     "ang_vel_error": ("yaw-rate tracking error (rad/s)", None, "episode_metrics/ang_vel_error"),
@@ -60,7 +61,7 @@ class Args:
 
 def default_stem(env_id: str, script: str) -> str:
     suffix = "" if script == "ppo_continuous" else f"_{script.removeprefix('ppo_')}"
-    if env_id.startswith("FrankaReach"):  # the names the arm's results have had since the first benchmarks
+    if env_id in ("FrankaReach-v0", "FrankaReachNoVel-v0"):  # the names they have had since the first benchmarks
         return "franka_reach_success" + suffix
     return f"{env_id.split('-')[0].lower()}_{script.removeprefix('ppo_')}_eval"
 
@@ -97,7 +98,10 @@ def main(args: Args) -> str:
         result = cache[os.path.basename(path)]
         iteration = int(re.search(r"checkpoint_(\d+)", path).group(1))
         rows.append(dict(result, iteration=iteration, wall=wall_of_step.get(result["step"], float("nan"))))
-    metrics = ["success_rate"] if "success_rate" in rows[0] else [k for k in rows[0] if k in LABELS]
+    if "success_rate" in rows[0]:  # the cube tasks also report success at any step of an episode
+        metrics = [k for k in ("success_rate", "success_once") if k in rows[0]]
+    else:
+        metrics = [k for k in rows[0] if k in LABELS]
 
     os.makedirs(args.out_dir, exist_ok=True)
     fig, axes = plt.subplots(len(metrics), 2, figsize=(11, 3.6 * len(metrics)), sharey="row", squeeze=False)

@@ -302,9 +302,9 @@ class FrankaPickCubeVecEnv(FrankaCubeVecEnv):
         super()._add_objects(scene)
         import genesis as gs
 
-        if self.render_mode == "rgb_array":  # the goal point, drawn only
+        if self.render_mode == "rgb_array":  # the goal point's success zone, drawn only
             self.goal_marker = scene.add_entity(
-                gs.morphs.Sphere(radius=0.01, pos=(0.5, 0.0, 0.2), fixed=True, collision=False),
+                gs.morphs.Sphere(radius=self.goal_threshold, pos=(0.5, 0.0, 0.2), fixed=True, collision=False),
                 surface=gs.surfaces.Default(color=(0.1, 0.7, 0.2)),
             )
 

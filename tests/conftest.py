@@ -86,6 +86,21 @@ def check_episode_statistics(vec, actions, on_step=None) -> int:
     return finished
 
 
+def check_resume(vec, make_other, later_actions, atol: float) -> None:
+    """Saves `vec.state_dict()` where it stands, steps `later_actions`, and checks that a fresh env from
+    `make_other()`, loaded with that state, steps to the same observations (to `atol`)."""
+    state = vec.state_dict()
+    expected = [vec.step(action)[0] for action in later_actions]
+    other = make_other()
+    other.reset()
+    other.load_state_dict(state)
+    try:
+        for action, obs in zip(later_actions, expected):
+            torch.testing.assert_close(other.step(action)[0], obs, atol=atol, rtol=atol)
+    finally:
+        other.close()
+
+
 def check_seeding(runs, actions, atol: float) -> None:
     """`runs`: three (env, seed) pairs, the first two alike; the observations after resetting each with its seed and
     stepping `actions` must agree for the first two (to `atol`) and differ for the third."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import envs
-from conftest import check_episode_statistics, check_seeding
+from conftest import check_episode_statistics, check_resume, check_seeding
 from envs.franka_cube import CUBE_HALF_SIZE
 
 CPU = dict(sim_device="cpu", stagger_episodes=False)
@@ -234,15 +234,8 @@ def test_state_dict_resumes_the_same_trajectory(any_task):
     if hasattr(any_task, "cube"):  # a cube in flight: its velocity matters
         any_task.cube.set_pos(torch.tensor([[0.45, 0.05, 0.2]]), envs_idx=torch.tensor([2]))
     any_task.step(torch.zeros(4, any_task.single_action_space.shape[0]))
-    state = any_task.state_dict()
-    later = actions(any_task, 2, seed=12, scale=0.3)
-    expected = [any_task.step(action)[0] for action in later]
-    other = envs.make(any_task.env_id, num_envs=4, seed=99, max_episode_steps=EPISODE, **CPU)
-    other.reset()
-    other.load_state_dict(state)
-    for action, obs in zip(later, expected):
-        torch.testing.assert_close(other.step(action)[0], obs, atol=1e-4, rtol=1e-4)
-    other.close()
+    check_resume(any_task, lambda: envs.make(any_task.env_id, num_envs=4, seed=99, max_episode_steps=EPISODE, **CPU),
+                 actions(any_task, 2, seed=12, scale=0.3), atol=1e-4)
 
 
 def test_subset_reset_touches_only_the_masked_envs(any_task):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import envs
-from conftest import check_episode_statistics, check_seeding
+from conftest import check_episode_statistics, check_resume, check_seeding
 from envs.go2 import JOINT_NAMES, OBS_SCALES, Go2WalkVecEnv
 
 EPISODE = 10
@@ -224,16 +224,9 @@ def test_state_dict_resumes_the_same_trajectory(either):
     either.reset(seed=10)
     for action in actions(4, 3, seed=10):
         either.step(action)
-    state = either.state_dict()
-    later = actions(4, 2, seed=11)
-    expected = [either.step(action)[0] for action in later]
-    other = envs.make("Go2Walk-v0", num_envs=4, seed=99, max_episode_steps=EPISODE,
-                      observe_base_velocity=either.observe_base_velocity, **CPU)
-    other.reset()
-    other.load_state_dict(state)
-    for action, obs in zip(later, expected):
-        torch.testing.assert_close(other.step(action)[0], obs, atol=1e-5, rtol=1e-5)
-    other.close()
+    check_resume(either, lambda: envs.make("Go2Walk-v0", num_envs=4, seed=99, max_episode_steps=EPISODE,
+                                           observe_base_velocity=either.observe_base_velocity, **CPU),
+                 actions(4, 2, seed=11), atol=1e-5)
 
 
 def test_subset_reset_touches_only_the_masked_envs(either):
