@@ -100,9 +100,15 @@ def task_options(spec) -> list[str]:
     natively_batched = spec.entry_point is None
     entry = spec.vector_entry_point if natively_batched else spec.entry_point
     creator = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
-    names = [name for name, parameter in inspect.signature(creator).parameters.items()
-             if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
-             and name not in ("self", "num_envs", "seed", "device") and name not in spec.kwargs]
+    # A task class that passes **kwargs on to its parent (FrankaReachCue-v0) takes its parents' options too.
+    creators = [c.__init__ for c in creator.__mro__ if "__init__" in vars(c)] if inspect.isclass(creator) else [creator]
+    names = []
+    for function in creators:
+        parameters = inspect.signature(function).parameters.values()
+        names += [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                  and p.name not in ("self", "num_envs", "seed", "device") and p.name not in spec.kwargs]
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            break
     if not natively_batched:  # what gym.make and the batch adapter add
         names += ["max_episode_steps", "render_mode", "max_abs_value"]
     return sorted(set(names))

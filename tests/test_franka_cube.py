@@ -285,3 +285,16 @@ def test_each_script_trains_logs_and_evaluates_a_new_task(script, in_tmp):
     assert result["episodes"] == 3 and result["mean_length"] == 5.0 and 0.0 <= result["success_rate"] <= 1.0
     if cube:
         assert result["success_rate"] <= result["success_once"] <= 1.0
+
+
+@pytest.mark.parametrize("env_id,kwargs,match", [
+    ("FrankaReachCue-v0", {"cue_steps": 0}, "cue_steps"),
+    ("FrankaReachCue-v0", {"cue_step": 3}, "no option 'cue_step'; its options are: .*cue_steps.*success_threshold"),
+    ("FrankaPushCube-v0", {"goal_radius": 0.0}, "goal_radius"),
+    ("FrankaPickCube-v0", {"decimation": 0}, "decimation"),
+])
+def test_bad_arguments_raise_clear_errors(env_id, kwargs, match):
+    """Bugs: a misspelt option answered with only the variant's own options (not its parent's), or a bad value
+    that builds a scene anyway."""
+    with pytest.raises(ValueError, match=match):
+        envs.make(env_id, num_envs=2, **CPU, **kwargs)
