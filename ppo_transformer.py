@@ -205,9 +205,10 @@ PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = PRESETS["Fra
 PRESETS["Go2Walk-v0"] = dict(ent_coef=0.01, total_timesteps=10_000_000)
 PRESETS["Go2WalkNoVel-v0"] = dict(PRESETS["Go2Walk-v0"], context_len=8, num_tokens=1, token_dim=32)
 # The arm's memory tasks in history mode, one token of 32 per step: 16 steps cover the cue of FrankaReachCue-v0 for
-# 11 steps after it is hidden (then only the arm's own motion carries it); for FrankaPushCubeRandom-v0, 0.8 s of
-# pushing to infer the cube's mass and friction from.
-PRESETS["FrankaReachCue-v0"] = dict(context_len=16, num_tokens=1, token_dim=32)
+# 11 steps after it is hidden (then only the arm's own motion carries it), and the critic reads the transformer's
+# features, as the value depends on the hidden target; for FrankaPushCubeRandom-v0, 0.8 s of pushing to infer the
+# cube's mass and friction from.
+PRESETS["FrankaReachCue-v0"] = dict(context_len=16, num_tokens=1, token_dim=32, critic="shared")
 PRESETS["FrankaPushCubeRandom-v0"] = dict(PRESETS["FrankaPushCube-v0"], context_len=16, num_tokens=1, token_dim=32)
 
 
