@@ -316,8 +316,9 @@ class FrankaPickCubeVecEnv(FrankaCubeVecEnv):
 
     def _reset_envs(self, envs_idx: torch.Tensor) -> None:
         """Arm home plus noise with the gripper open, cube at rest at a random spot, goal above the cube area."""
-        self.prev_action[envs_idx] = 0.0
-        self.prev_action[envs_idx, NUM_ARM_JOINTS] = 1.0  # starts open
+        # The gripper starts open: its action is set before the arm is placed (the fingers are placed where
+        # _finger_command() reads it to be) and again after (_reset_arm zeroes the previous action).
+        self.prev_action[envs_idx, NUM_ARM_JOINTS] = 1.0
         self._reset_arm(envs_idx)
         self.prev_action[envs_idx, NUM_ARM_JOINTS] = 1.0
         self._reset_cube(envs_idx)
