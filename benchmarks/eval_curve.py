@@ -66,6 +66,31 @@ def default_stem(env_id: str, script: str) -> str:
     return f"{env_id.split('-')[0].lower()}_{script.removeprefix('ppo_')}_eval"
 
 
+def evaluate_checkpoints(run_dir: str, module, episodes: int, last_only: bool = False) -> list[dict]:
+    """The script's evaluate() of each periodic checkpoint of a run (or the last one), with "step" and "iteration".
+
+    Results are kept beside the checkpoints (eval_curve_<episodes>.json), so a rerun (say, while training goes on)
+    evaluates only new checkpoints."""
+    cache_path = os.path.join(run_dir, f"eval_curve_{episodes}.json")
+    cache = {}
+    if os.path.exists(cache_path):
+        with open(cache_path) as f:
+            cache = json.load(f)
+    rows = []
+    paths = sorted(glob.glob(os.path.join(run_dir, "checkpoint_*.pt")))
+    for path in paths[-1:] if last_only else paths:
+        if os.path.basename(path) not in cache:
+            step = torch.load(path, map_location="cpu", weights_only=True)["global_step"]
+            result = module.evaluate(path, episodes=episodes, device="cpu", sim_device="cpu")
+            cache[os.path.basename(path)] = dict(result, step=step)
+            with open(cache_path + ".tmp", "w") as f:
+                json.dump(cache, f)
+            os.replace(cache_path + ".tmp", cache_path)
+        iteration = int(re.search(r"checkpoint_(\d+)", path).group(1))
+        rows.append(dict(cache[os.path.basename(path)], iteration=iteration))
+    return rows
+
+
 def main(args: Args) -> str:
     with open(os.path.join(args.run_dir, "args.json")) as f:
         saved = json.load(f)
@@ -80,24 +105,8 @@ def main(args: Args) -> str:
     start = sps[0].wall_time - first_iteration
     wall_of_step = {s.step: s.wall_time - start for s in sps}
 
-    # Results kept beside the checkpoints, so a rerun (say, while training goes on) evaluates only new checkpoints.
-    cache_path = os.path.join(args.run_dir, f"eval_curve_{args.episodes}.json")
-    cache = {}
-    if os.path.exists(cache_path):
-        with open(cache_path) as f:
-            cache = json.load(f)
-    rows = []
-    for path in sorted(glob.glob(os.path.join(args.run_dir, "checkpoint_*.pt"))):
-        if os.path.basename(path) not in cache:
-            step = torch.load(path, map_location="cpu", weights_only=True)["global_step"]
-            result = module.evaluate(path, episodes=args.episodes, device="cpu", sim_device="cpu")
-            cache[os.path.basename(path)] = dict(result, step=step)
-            with open(cache_path + ".tmp", "w") as f:
-                json.dump(cache, f)
-            os.replace(cache_path + ".tmp", cache_path)
-        result = cache[os.path.basename(path)]
-        iteration = int(re.search(r"checkpoint_(\d+)", path).group(1))
-        rows.append(dict(result, iteration=iteration, wall=wall_of_step.get(result["step"], float("nan"))))
+    rows = [dict(result, wall=wall_of_step.get(result["step"], float("nan")))
+            for result in evaluate_checkpoints(args.run_dir, module, args.episodes)]
     if "success_rate" in rows[0]:  # the cube tasks also report success at any step of an episode
         metrics = [k for k in ("success_rate", "success_once") if k in rows[0]]
     else:

@@ -92,3 +92,43 @@ def test_report_says_when_a_run_stopped_short_of_its_budget(tmp_path):
     writer.close()
     text = report.write_report(report.Args(runs_dir=str(tmp_path / "runs"), out_dir=str(tmp_path / "results")))
     assert "| 1 | **1000.0 ± 0.0** | 1000.0, [seed 2 stopped at 400,000: 500.0, not in the mean] |" in text
+
+
+def test_eval_compare_reduces_each_experiments_last_checkpoints_over_seeds_and_caches_them(tmp_path, monkeypatch):
+    """Bugs: the table mixing two experiments' seeds (mem's glob taking mem_gru's runs), reporting an earlier
+    checkpoint than the last, or evaluating a checkpoint again on every rerun (an hour of evaluation for a table)."""
+    import torch
+
+    from benchmarks import eval_compare
+
+    evaluated = []
+
+    class FakeScript:  # success grows with the checkpoint's step, and with the seed
+        @staticmethod
+        def evaluate(path, episodes, device, sim_device):
+            evaluated.append(path)
+            step, seed = torch.load(path)["global_step"], int(path.split("__")[-2])
+            return {"episodes": episodes, "mean_return": step / 1000 + seed, "success_rate": step / 4000 + seed / 10}
+
+    monkeypatch.setattr(eval_compare, "script_module", lambda saved_args: FakeScript)
+    for exp, seeds in (("mem", (1, 2)), ("mem_gru", (1, 2, 3))):
+        for seed in seeds:
+            run = fake_run(tmp_path, "Cue-v0", seed, [0.0], exp=exp)
+            writer = SummaryWriter(run)
+            for name, value in (("charts/SPS", 100.0), ("time/rollout_s", 1.0), ("time/update_s", 1.0)):
+                writer.add_scalar(name, value, 1000, walltime=1000.0)
+            writer.add_scalar("charts/SPS", 100.0, 2000, walltime=1060.0)
+            writer.close()
+            for iteration, step in ((50, 1000), (100, 2000)):
+                torch.save({"global_step": step}, os.path.join(run, f"checkpoint_{iteration:06d}.pt"))
+    args = eval_compare.Args(env_id="Cue-v0", exp_names=("mem", "mem_gru"), episodes=7, runs_dir=str(tmp_path),
+                             out_dir=str(tmp_path / "out"), stem="cmp")
+    text = eval_compare.main(args)
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| mem |")
+            or line.startswith("| mem_gru |")}
+    # last checkpoints: success 0.5 + seed/10 -> mem 60%, 70% (mean 65%, std 5%); mem_gru 60, 70, 80% (70%, 8.2%)
+    assert "**65.0% ± 5.0%** (60.0%, 70.0%)" in rows["mem"] and "| 2 | 2,000 | 1.0 ± 0.0 |" in rows["mem"]
+    assert "**70.0% ± 8.2%** (60.0%, 70.0%, 80.0%)" in rows["mem_gru"] and "**4.0 ± 0.8**" in rows["mem_gru"]
+    assert len(evaluated) == 10 and os.path.isfile(tmp_path / "out" / "cmp.png")
+    eval_compare.main(args)
+    assert len(evaluated) == 10  # all from the runs' caches

@@ -1,0 +1,133 @@
+"""Several experiments on one task side by side, by evaluation: each seed's checkpoints evaluated as
+benchmarks/eval_curve.py does (the script's --eval-checkpoint: mean action, frozen normaliser, fresh episodes),
+then mean ± std over seeds.
+
+    python benchmarks/run.py --preset arm_memory --exp-name mem        # FrankaReachCue-v0, three scripts x 3 seeds
+    python benchmarks/eval_compare.py --env-id FrankaReachCue-v0 \\
+        --exp-names mem mem_recurrent mem_transformer mem_transformer_tokens --stem franka_reachcue_memory
+
+Writes <stem>.md (the last checkpoint of each run: success at the end, success at any step where the task
+reports it, and return, per seed and mean ± std) and <stem>.png (those against environment steps, each seed
+thin, the mean thick). Evaluations are cached in the run directories, so a rerun only evaluates new checkpoints.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import tyro  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.eval_curve import evaluate_checkpoints  # noqa: E402
+from benchmarks.report import script_of  # noqa: E402
+
+METRICS = {"success_rate": "success at the end", "success_once": "success at any step", "mean_return": "return"}
+
+
+@dataclass
+class Args:
+    env_id: str
+    """the task the runs trained on"""
+    exp_names: tuple[str, ...]
+    """experiments to compare (run directories runs/<env-id>__<exp-name>__<seed>__<time>)"""
+    episodes: int = 1000
+    """evaluation episodes per checkpoint"""
+    last_only: bool = False
+    """evaluate each run's last checkpoint only (the plot then has one point per run)"""
+    runs_dir: str = "runs"
+    """where the run directories are"""
+    out_dir: str = "benchmarks/results/franka_cube"
+    """where the PNG and the Markdown table go"""
+    stem: str = "eval_compare"
+    """file name of the PNG and the table"""
+
+
+def script_module(saved_args: dict):
+    """The training script of a run, imported (its evaluate() evaluates a checkpoint)."""
+    return importlib.import_module(script_of(saved_args).removesuffix(".py"))
+
+
+def wall_minutes(run_dir: str) -> float:
+    """Training wall time of a run, from its first to its last iteration's events (plus the first iteration)."""
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    sps = events.Scalars("charts/SPS")
+    first = events.Scalars("time/rollout_s")[0].value + events.Scalars("time/update_s")[0].value
+    return (sps[-1].wall_time - sps[0].wall_time + first) / 60
+
+
+def fmt(value: float, metric: str) -> str:
+    return f"{100 * value:.1f}%" if metric.startswith("success") else f"{value:.1f}"
+
+
+def mean_std(values: list[float], metric: str = "") -> str:
+    return f"{fmt(np.mean(values), metric)} ± {fmt(np.std(values), metric)}"
+
+
+def main(args: Args) -> str:
+    groups = {}
+    for exp_name in args.exp_names:
+        run_dirs = sorted(glob.glob(os.path.join(args.runs_dir, f"{args.env_id}__{exp_name}__*__*")))
+        runs = []
+        for run_dir in run_dirs:
+            with open(os.path.join(run_dir, "args.json")) as f:
+                saved = json.load(f)
+            rows = evaluate_checkpoints(run_dir, script_module(saved), args.episodes, args.last_only)
+            if rows:
+                runs.append(dict(seed=saved["seed"], script=script_of(saved), rows=rows, wall=wall_minutes(run_dir)))
+        if runs:
+            groups[exp_name] = sorted(runs, key=lambda r: r["seed"])
+    metrics = [m for m in METRICS if any(m in r["rows"][-1] for runs in groups.values() for r in runs)]
+
+    lines = [f"{args.env_id}: the last checkpoint of each run, {args.episodes} evaluation episodes each (mean action).",
+             "Mean ± std (population) over seeds; per seed in brackets, in seed order.", "",
+             "| experiment | script | seeds | steps | wall time (min) | "
+             + " | ".join(f"eval {METRICS[m]}" for m in metrics) + " |",
+             "|---|---|---:|---:|---:|" + "---|" * len(metrics)]
+    for exp_name, runs in groups.items():
+        finals = [r["rows"][-1] for r in runs]
+        cells = [f"**{mean_std([f[m] for f in finals], m)}** ({', '.join(fmt(f[m], m) for f in finals)})"
+                 for m in metrics]
+        steps = sorted({f["step"] for f in finals})
+        lines.append(f"| {exp_name} | {runs[0]['script']} | {len(runs)} | {', '.join(f'{s:,}' for s in steps)} | "
+                     f"{mean_std([r['wall'] for r in runs])} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, f"{args.stem}.md"), "w") as f:
+        f.write(text)
+
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for color, (exp_name, runs) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], groups.items()):
+            for r in runs:
+                ax.plot([row["step"] / 1e6 for row in r["rows"]], [row[metric] for row in r["rows"]], "o-",
+                        color=color, alpha=0.3, linewidth=1)
+            # the mean over seeds at each checkpoint index (seeds of one experiment checkpoint at the same steps)
+            n = min(len(r["rows"]) for r in runs)
+            ax.plot([runs[0]["rows"][i]["step"] / 1e6 for i in range(n)],
+                    [np.mean([r["rows"][i][metric] for r in runs]) for i in range(n)], "o-", color=color,
+                    linewidth=2.5, label=f"{exp_name} ({runs[0]['script']}, {len(runs)} seeds)")
+        ax.set_xlabel("environment steps (millions)")
+        ax.set_ylabel(f"eval {METRICS[metric]}")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(loc="best", fontsize=8)
+    fig.suptitle(f"{args.env_id}: evaluation ({args.episodes} episodes per checkpoint)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out_dir, f"{args.stem}.png"), dpi=120)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
