@@ -189,7 +189,7 @@ PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDU
 # The cue of FrankaReachCue-v0 is seen in an episode's first 5 of 100 steps: the reward it earns must reach it through
 # the gradient, so each env's sequence is a whole episode's length (100 steps; with 24-step sequences the GRU's
 # distance to the target got worse, not better). 256 envs keep the batch (and the updates per step) as the arm's.
-PRESETS["FrankaReachCue-v0"] = dict(num_envs=256, num_steps=100, bptt_len=100)
+PRESETS["FrankaReachCue-v0"] = dict(num_envs=256, num_steps=100)  # bptt_len 0: the whole rollout
 # The cube tasks: ManiSkill3's PPO settings for PushCube-v1 and PickCube-v1 (gamma 0.8, lambda 0.9) on the arm's.
 PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = PRESETS["FrankaPickCube-v0"] = dict(
     gamma=0.8, gae_lambda=0.9, total_timesteps=10_000_000)
