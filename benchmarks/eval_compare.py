@@ -117,7 +117,7 @@ def main(args: Args) -> str:
             n = min(len(r["rows"]) for r in runs)
             ax.plot([runs[0]["rows"][i]["step"] / 1e6 for i in range(n)],
                     [np.mean([r["rows"][i][metric] for r in runs]) for i in range(n)], "o-", color=color,
-                    linewidth=2.5, label=f"{exp_name} ({runs[0]['script']}, {len(runs)} seeds)")
+                    linewidth=2.5, label=f"{exp_name} ({runs[0]['script']}, seeds: {len(runs)})")
         ax.set_xlabel("environment steps (millions)")
         ax.set_ylabel(f"eval {METRICS[metric]}")
         ax.grid(alpha=0.3)
