@@ -29,7 +29,7 @@ import tyro  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.eval_curve import evaluate_checkpoints  # noqa: E402
+from benchmarks.eval_curve import evaluate_checkpoints, wall_seconds  # noqa: E402
 from benchmarks.report import script_of  # noqa: E402
 
 METRICS = {"success_rate": "success at the end", "success_once": "success at any step", "mean_return": "return"}
@@ -59,12 +59,10 @@ def script_module(saved_args: dict):
 
 
 def wall_minutes(run_dir: str) -> float:
-    """Training wall time of a run, from its first to its last iteration's events (plus the first iteration)."""
+    """Training wall time of a run to its last iteration (including any time it was stopped before a resume)."""
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     events.Reload()
-    sps = events.Scalars("charts/SPS")
-    first = events.Scalars("time/rollout_s")[0].value + events.Scalars("time/update_s")[0].value
-    return (sps[-1].wall_time - sps[0].wall_time + first) / 60
+    return max(wall_seconds(events).values()) / 60
 
 
 def fmt(value: float, metric: str) -> str:

@@ -66,6 +66,15 @@ def default_stem(env_id: str, script: str) -> str:
     return f"{env_id.split('-')[0].lower()}_{script.removeprefix('ppo_')}_eval"
 
 
+def wall_seconds(events: EventAccumulator) -> dict[int, float]:
+    """Seconds from the start of training to the end of each iteration (by its env step), from a run's events;
+    the first event is logged at the end of the first iteration, which is added back."""
+    first_iteration = events.Scalars("time/rollout_s")[0].value + events.Scalars("time/update_s")[0].value
+    sps = events.Scalars("charts/SPS")
+    start = sps[0].wall_time - first_iteration
+    return {s.step: s.wall_time - start for s in sps}
+
+
 def evaluate_checkpoints(run_dir: str, module, episodes: int, last_only: bool = False) -> list[dict]:
     """The script's evaluate() of each periodic checkpoint of a run (or the last one), with "step" and "iteration".
 
@@ -99,11 +108,7 @@ def main(args: Args) -> str:
     stem = args.stem or default_stem(saved["env_id"], script)
     events = EventAccumulator(args.run_dir, size_guidance={"scalars": 0})
     events.Reload()
-    # Wall time from the start of training: the first event is logged at the end of the first iteration.
-    first_iteration = events.Scalars("time/rollout_s")[0].value + events.Scalars("time/update_s")[0].value
-    sps = events.Scalars("charts/SPS")
-    start = sps[0].wall_time - first_iteration
-    wall_of_step = {s.step: s.wall_time - start for s in sps}
+    wall_of_step = wall_seconds(events)
 
     rows = [dict(result, wall=wall_of_step.get(result["step"], float("nan")))
             for result in evaluate_checkpoints(args.run_dir, module, args.episodes)]
