@@ -112,7 +112,9 @@ class GymnasiumVecEnv:
             env_id,
             num_envs=num_envs,
             vectorization_mode=vectorization_mode,
-            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+            # copy=False: Gymnasium then hands back its own observation buffer instead of a deep copy of it;
+            # every step converts it to float32 anyway (a copy), which is all the copying needed
+            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False},
             **env_kwargs,
         )
         self.num_envs = num_envs
@@ -126,18 +128,21 @@ class GymnasiumVecEnv:
                     "these scripts need flat Box observations and continuous (Box) actions"
                 )
         self.device = torch_device(device)
+        # Arrays become tensors on `device`; on the CPU without a copy (every array passed is a fresh one). Nine per
+        # step: with one env this conversion is as costly as the rest of the bookkeeping, hence no extra call layer.
+        self._tensor = torch.from_numpy if self.device.type == "cpu" else lambda a: torch.from_numpy(a).to(self.device)
         self.seed = seed
         self.single_action_space.seed(seed)
         self._action_shape = (num_envs, *self.single_action_space.shape)
         largest = float(np.finfo(np.float64).max)  # without a bound: only inf and NaN exceed it
         self._max_abs = float(max_abs_value) if max_abs_value is not None else largest
         self._max_square_sum = min(self._max_abs, 1e154) ** 2 if max_abs_value is not None else largest
-        self.episodes = EpisodeTracker(num_envs, self.device)
+        # Raw episode statistics in numpy: the bookkeeping of a step costs about as much as one torch op on the
+        # small tensors of a few envs (EpisodeTracker, in torch, serves the natively batched tasks).
+        self.episode_returns = np.zeros(num_envs)
+        self.episode_lengths = np.zeros(num_envs, dtype=np.int64)
         self.seeded = False
-        self._last_obs: np.ndarray | None = None
-
-    def _tensor(self, array: np.ndarray, dtype=torch.float32) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(array), dtype=dtype).to(self.device)
+        self._last_obs: np.ndarray | None = None  # float32, the last observation returned
 
     def reset(self, seed: int | None = None, options: dict | None = None):
         """Resets every env, or only those in `options["reset_mask"]`; the first reset uses the seed of `make`."""
@@ -148,11 +153,13 @@ class GymnasiumVecEnv:
             mask = as_bool_mask(options["reset_mask"], self.num_envs)
             options["reset_mask"] = mask.numpy()
         obs, _ = self.env.reset(seed=seed, options=options or None)
+        obs = obs.astype(np.float32)
         if mask is not None and self._last_obs is not None:
             obs = np.where(mask.numpy()[:, None], obs, self._last_obs)
         self._last_obs = obs
-        self.episodes.clear(None if mask is None else mask.to(self.device))
-        return self._tensor(obs), {}
+        cleared = slice(None) if mask is None else mask.numpy()
+        self.episode_returns[cleared], self.episode_lengths[cleared] = 0.0, 0
+        return self._tensor(obs.copy()), {}
 
     def step(self, action: torch.Tensor | np.ndarray):
         """Actions as a (num_envs, action dims) tensor on any device, or a numpy array (`action_space.sample()`)."""
@@ -162,8 +169,9 @@ class GymnasiumVecEnv:
         if action.shape != self._action_shape:
             raise ValueError(f"action must have shape {self._action_shape} (num_envs, action dims), got {action.shape}")
         obs, reward, terminated, truncated, info = self.env.step(action)
-        final_obs = np.array(obs, dtype=np.float32)
+        final_obs = obs  # Gymnasium's own buffer (copy=False): read here, copied below
         if "_final_obs" in info:
+            final_obs = obs.copy()
             for i in np.flatnonzero(info["_final_obs"]):
                 final_obs[i] = info["final_obs"][i]
 
@@ -171,30 +179,35 @@ class GymnasiumVecEnv:
         # goes on. One scalar check per step: NaN, inf or any value beyond the bound makes the sum of squares
         # NaN or larger than the bound squared. Only then are the per-env masks computed.
         sim_errors = np.zeros(self.num_envs, dtype=bool)
-        square_sum = float(np.vdot(obs, obs)) + float(np.vdot(final_obs, final_obs)) + float(np.vdot(reward, reward))
+        square_sum = float(np.vdot(obs, obs)) + float(np.vdot(reward, reward))
+        if final_obs is not obs:
+            square_sum += float(np.vdot(final_obs, final_obs))
         if not square_sum <= self._max_square_sum:
             limit = self._max_abs
             sim_errors = ~((np.abs(final_obs) <= limit).all(axis=1) & (np.abs(obs) <= limit).all(axis=1)
                            & (np.abs(reward) <= limit))
         if sim_errors.any():
             reward = np.where(sim_errors, 0.0, reward)
-            final_obs[sim_errors] = self._last_obs[sim_errors]
+            final_obs = np.where(sim_errors[:, None], self._last_obs, final_obs)
             terminated = terminated & ~sim_errors
             truncated = truncated | sim_errors
             reset_obs, _ = self.env.reset(options={"reset_mask": sim_errors})
             obs = np.where(sim_errors[:, None], reset_obs, obs)
+        obs, final_obs = obs.astype(np.float32), final_obs.astype(np.float32)  # fresh arrays, handed to torch as is
         self._last_obs = obs
 
-        # Two host-to-device conversions per step: observations, then rewards and flags.
-        observations = self._tensor(np.stack([obs, final_obs]))
-        scalars = self._tensor(np.stack([reward, terminated, truncated, sim_errors]))
-        reward_t, (terminated_t, truncated_t, sim_errors_t) = scalars[0], scalars[1:].bool()
+        done = terminated | truncated
+        self.episode_returns += reward
+        self.episode_lengths += 1
+        ended_returns, ended_lengths = self.episode_returns.astype(np.float32), self.episode_lengths.copy()
+        self.episode_returns[done], self.episode_lengths[done] = 0.0, 0
         info = {
-            "final_obs": observations[1],
-            "episode": self.episodes.update(reward_t, terminated_t | truncated_t),
-            "sim_errors": sim_errors_t,
+            "final_obs": self._tensor(final_obs),
+            "episode": {"r": self._tensor(ended_returns), "l": self._tensor(ended_lengths), "mask": self._tensor(done)},
+            "sim_errors": self._tensor(sim_errors),
         }
-        return observations[0], reward_t, terminated_t, truncated_t, info
+        return (self._tensor(obs.copy()), self._tensor(reward.astype(np.float32)), self._tensor(terminated),
+                self._tensor(truncated), info)
 
     def state_dict(self) -> dict:
         """Simulator state, RNGs and time limits of every env, as tensors and ints (for exact resume).
@@ -220,8 +233,9 @@ class GymnasiumVecEnv:
             per_env.append(state)
         return {
             "envs": per_env,
-            "last_obs": torch.from_numpy(np.asarray(self._last_obs)),
-            "episodes": self.episodes.state_dict(),
+            "last_obs": torch.from_numpy(self._last_obs.copy()),
+            "episodes": {"returns": torch.from_numpy(self.episode_returns.copy()),
+                         "lengths": torch.from_numpy(self.episode_lengths.copy())},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -240,8 +254,9 @@ class GymnasiumVecEnv:
             for wrapper, steps in zip(_wrapper_chain(env), saved["elapsed_steps"], strict=True):
                 if steps is not None:
                     wrapper._elapsed_steps = steps
-        self._last_obs = state["last_obs"].numpy().copy()
-        self.episodes.load_state_dict(state["episodes"])
+        self._last_obs = state["last_obs"].numpy().astype(np.float32)
+        self.episode_returns[:] = state["episodes"]["returns"].numpy()
+        self.episode_lengths[:] = state["episodes"]["lengths"].numpy()
         self.seeded = True
 
     def render(self) -> np.ndarray:

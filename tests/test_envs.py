@@ -169,7 +169,7 @@ def test_subset_reset_touches_only_the_masked_envs():
     assert not torch.allclose(new_obs[1], obs[1])
     assert new_obs[1, 8:].abs().max() < 0.5  # a fresh HalfCheetah starts nearly at rest
     _, _, _, _, info = vec.step(torch.zeros(3, 6))
-    assert vec.episodes.lengths.tolist() == [5, 1, 5]
+    assert vec.episode_lengths.tolist() == [5, 1, 5]
 
 
 def test_nonfinite_state_truncates_and_resets_only_that_env():
