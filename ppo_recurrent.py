@@ -324,15 +324,27 @@ class ObsNormalizer(RunningMeanStd):
     def __init__(self, shape, enabled: bool = True):
         super().__init__(shape)
         self.enabled = enabled
+        # The float32 shift and scale, refreshed whenever the statistics change: normalising (twice per step) then
+        # takes three tensor ops instead of six, which with few envs is a visible share of a step.
+        self.register_buffer("shift", torch.zeros(shape), persistent=False)
+        self.register_buffer("scale", torch.ones(shape), persistent=False)
+        self.refresh()
+        self.register_load_state_dict_post_hook(lambda module, _: module.refresh())
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        self.shift.copy_(self.mean)
+        self.scale.copy_(torch.rsqrt(self.var + 1e-8))
 
     def update(self, x: torch.Tensor) -> None:
         if self.enabled:
             super().update(x)
+            self.refresh()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
             return obs
-        return ((obs - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0).float()
+        return ((obs - self.shift) * self.scale).clamp(-10.0, 10.0)
 
 
 class RewardScaler(nn.Module):
@@ -646,7 +658,10 @@ def make_optimizer(agent: nn.Module, args: Args) -> torch.optim.Optimizer:
         for decay, selected in ((args.weight_decay, matrices), (0.0, others)):
             if selected:
                 groups.append({"params": selected, "lr": lr, "initial_lr": lr, "weight_decay": decay})
-    return (torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.Adam)(groups, eps=1e-5)
+    # fused: one kernel for all parameters instead of a dozen tensor ops per parameter (on the CPU the update's
+    # optimizer steps took a third of the time of a 64x64 MLP's minibatch; the same numbers to float rounding)
+    fused = all(p.device.type in ("cpu", "cuda") for p in agent.parameters())
+    return (torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.Adam)(groups, eps=1e-5, fused=fused)
 
 
 def lr_fraction(args: Args, iteration: int) -> float:

@@ -1,15 +1,15 @@
-"""Training throughput as a ratio to raw environment throughput, both measured in this one process.
+"""Training throughput beside the simulator alone and the envs/ wrapper, all measured in this one process.
 
     python benchmarks/train_throughput.py --env-id HalfCheetah-v5 --num-envs 1
-    python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 64 256 1024
-    python benchmarks/train_throughput.py --env-id FrankaReachNoVel-v0 --num-envs 1024 --scripts ppo_continuous ppo_recurrent
+    python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 256 1024
+    python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 1024 --scripts ppo_continuous ppo_recurrent ppo_transformer
 
-Raw: env-steps/s with uniformly random actions (same env, same num_envs). Training: each script with its
-preset for the task (num_envs overridden; num_steps too, to the first script's, so every script trains on
-the same batch), the median SPS over iterations after the first (which warms up). The ratios are the
-figures to compare across machines; absolute numbers drift on shared machines. "vs first" divides a
-script's training SPS by the first script's, measured in the same process minutes apart.
-Measure on an otherwise idle machine: other processes competing for the cores distort the ratio badly.
+Three columns (DESIGN.md §7), from `env_throughput.py`: the simulator alone (plain `gym.make` envs, or the
+Genesis scene's own steps), through `envs/` with random actions, and training: each script with its preset for
+the task (num_envs overridden; num_steps too, to the first script's, so every script trains on the same batch),
+the median SPS over iterations after the first (which warms up). The headline is training / simulator alone;
+"vs first" divides a script's training SPS by the first script's, measured in the same process minutes apart.
+Measure on an otherwise idle machine: other processes competing for the cores distort the ratios badly.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class Args:
     """parallel envs, for both measurements; one row per value"""
     iterations: int = 6
     """training iterations (the first is dropped as warm-up)"""
-    raw_steps: int = 2000
-    """timed random-action steps per env for the raw measurement"""
+    raw_steps: int = 4000
+    """timed random-action steps (all envs together) for the simulator-alone and envs/ measurements"""
     scripts: list[str] = field(default_factory=lambda: ["ppo_continuous"])
     """training scripts to measure (module names), each on the first one's batch"""
     out: str | None = None
@@ -74,23 +74,26 @@ def measure(script: str, env_id: str, num_envs: int, num_steps: int | None, iter
 
 def main(args: Args) -> list[dict]:
     machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    header = ("| script | env | num_envs x num_steps | raw env SPS | training SPS | ratio to raw | vs first | rollout share | machine |\n"
-              "|---|---|---:|---:|---:|---:|---:|---:|---|")
+    header = ("| script | env | num_envs x num_steps | simulator alone | through envs/ | training SPS "
+              "| **training / simulator** | envs/ / simulator | vs first | rollout share | machine |\n"
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     print(header)
     if args.out and not os.path.isfile(args.out):
         with open(args.out, "w") as f:
             f.write(header + "\n")
     results = []
     for num_envs in args.num_envs:
-        raw_sps = env_steps_per_second(args.env_id, num_envs, max(args.raw_steps // num_envs, 50), warmup=10)[0]
+        env_sps, alone_sps, _ = env_steps_per_second(args.env_id, num_envs, max(args.raw_steps // num_envs, 50),
+                                                     warmup=10)
         num_steps, first_sps = None, None
         for script in args.scripts:
             r = measure(script, args.env_id, num_envs, num_steps, args.iterations)
             num_steps, first_sps = num_steps or r["num_steps"], first_sps or r["train_sps"]
-            r.update(script=script, num_envs=num_envs, raw_sps=raw_sps, ratio=r["train_sps"] / raw_sps,
-                     vs_first=r["train_sps"] / first_sps)
-            row = (f"| {script}.py | {args.env_id} | {num_envs} x {num_steps} | {raw_sps:,.0f} | {r['train_sps']:,.0f} | "
-                   f"**{r['ratio']:.2f}** | {r['vs_first']:.2f} | {r['rollout_fraction']:.2f} | {machine} |")
+            r.update(script=script, num_envs=num_envs, simulator_sps=alone_sps, env_sps=env_sps,
+                     ratio=r["train_sps"] / alone_sps, vs_first=r["train_sps"] / first_sps)
+            row = (f"| {script}.py | {args.env_id} | {num_envs} x {num_steps} | {alone_sps:,.0f} | {env_sps:,.0f} "
+                   f"| {r['train_sps']:,.0f} | **{r['ratio']:.2f}** | {env_sps / alone_sps:.2f} | {r['vs_first']:.2f} "
+                   f"| {r['rollout_fraction']:.2f} | {machine} |")
             print(row, flush=True)
             if args.out:
                 with open(args.out, "a") as f:

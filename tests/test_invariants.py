@@ -156,8 +156,7 @@ def normalise(loop, x, k):
         return x
     normaliser = script.module.ObsNormalizer((x.shape[-1],))
     mean, var = record.obs_stats[1 + k]  # [0]: the reset observations
-    normaliser.mean.copy_(mean)
-    normaliser.var.copy_(var)
+    normaliser.load_state_dict({"mean": mean, "var": var, "count": torch.tensor(1.0, dtype=torch.float64)})
     return normaliser(x)
 
 
