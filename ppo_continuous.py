@@ -137,7 +137,9 @@ class Args:
     compile: bool = False
     """torch.compile the policy and the loss (first iterations are slower while it compiles)"""
     torch_threads: int = 1
-    """torch's CPU threads (0: torch's default); one is fastest for these small networks beside a simulator"""
+    """torch's CPU threads while the envs step (0: torch's default); one leaves the cores to the simulator"""
+    update_threads: int = 0
+    """torch's CPU threads during the update (0: torch's default, every core: the simulator is idle then)"""
     dist_timeout_s: int = 600
     """under torchrun: seconds a process waits for the others before the run stops (a process died or hangs)"""
 
@@ -168,7 +170,7 @@ class Args:
 # Any other task starts from CleanRL's ppo_continuous_action settings; a task's entry overrides them.
 CLEANRL = dict(
     num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, lr_schedule="linear", num_steps=2048,
-    num_minibatches=32, update_epochs=10, vf_coef=0.5, max_grad_norm=0.5, activation="tanh",
+    num_minibatches=32, update_epochs=10, vf_coef=0.5, max_grad_norm=0.5, activation="tanh", update_threads=1,
 )
 PRESETS = {
     "FrankaReach-v0": {},
@@ -253,6 +255,7 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
         ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
         ("exp_name", bool(args.exp_name) and "/" not in args.exp_name, "a name without '/' (it names the run dir)"),
         ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
+        ("update_threads", args.update_threads >= 0, "0 (torch's default) or more"),
         ("dist_timeout_s", args.dist_timeout_s >= 1, "at least 1"),
     ]
     for name, ok, requirement in rules:
@@ -813,8 +816,9 @@ def train(args: Args, on_iteration=None) -> dict:
                          f"{args.world_size}; resume with torchrun --nproc-per-node {checkpoint.get('world_size', 1)}")
     torch.manual_seed(args.seed + rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
+    rollout_threads = args.torch_threads or torch.get_num_threads()
+    update_threads = args.update_threads or torch.get_num_threads()
+    torch.set_num_threads(rollout_threads)
 
     # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
     vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
@@ -941,6 +945,7 @@ def train(args: Args, on_iteration=None) -> dict:
             rollout_time = time.perf_counter() - rollout_start
 
             update_start = time.perf_counter()
+            torch.set_num_threads(update_threads)
             b_obs, b_actions = obs_buf.flatten(0, 1), actions_buf.flatten(0, 1)
             b_logprobs, b_values = logprobs_buf.flatten(), values_buf.flatten()
             b_advantages, b_returns = advantages.flatten(), returns.flatten()
@@ -974,6 +979,7 @@ def train(args: Args, on_iteration=None) -> dict:
                 if args.target_kl and stats["approx_kl"].item() > args.target_kl:
                     break
             update_time = time.perf_counter() - update_start
+            torch.set_num_threads(rollout_threads)
 
             # torchrun: every process's ended episodes, task metrics and errors reach process 0's logs, and all stop
             # after the same iteration (a signal may reach them at different steps)
