@@ -160,6 +160,10 @@ class Args:
     """episodes to evaluate, spread evenly over the envs (each env's first ones count: short ones are not favoured)"""
     env_kwargs: dict[str, int | float | bool | str] | None = None
     """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4"""
+    torch_threads: int = 1
+    """torch's CPU threads while the envs step (0: torch's default); one leaves the cores to the simulator"""
+    update_threads: int = 0
+    """torch's CPU threads during the update (0: torch's default, every core: the simulator is idle then)"""
     dist_timeout_s: int = 600
     """under torchrun: seconds a process waits for the others before the run stops (a process died or hangs)"""
 
@@ -180,6 +184,7 @@ class Args:
 CLEANRL = dict(
     num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, lr_schedule="linear", num_steps=2048, bptt_len=64,
     num_minibatches=32, update_epochs=10, vf_coef=0.5, max_grad_norm=0.5, hidden_sizes=(64,), activation="tanh",
+    torch_threads=0,
 )
 PENDULUM = dict(
     CLEANRL, num_envs=4, total_timesteps=300_000, learning_rate=1e-3, num_steps=1024, gamma=0.9, bptt_len=32,
@@ -255,6 +260,8 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
         ("weight_decay", args.weight_decay == 0 or args.optimizer == "adamw", "0 with --optimizer adam (use adamw)"),
         ("weight_decay", args.weight_decay >= 0, "0 or more"),
         ("huber_delta", args.huber_delta > 0, "positive"),
+        ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
+        ("update_threads", args.update_threads >= 0, "0 (torch's default) or more"),
 
         ("init_log_std", math.isfinite(args.init_log_std), "a finite number"),
         ("hidden_sizes", all(width >= 1 for width in args.hidden_sizes), "widths of at least 1"),
@@ -935,6 +942,9 @@ def train(args: Args, on_iteration=None) -> dict:
                          f"{args.world_size}; resume with torchrun --nproc-per-node {checkpoint.get('world_size', 1)}")
     torch.manual_seed(args.seed + rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    rollout_threads = args.torch_threads or torch.get_num_threads()
+    update_threads = args.update_threads or torch.get_num_threads()
+    torch.set_num_threads(rollout_threads)
 
     # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
     vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
@@ -1074,6 +1084,7 @@ def train(args: Args, on_iteration=None) -> dict:
             rollout_time = time.perf_counter() - rollout_start
 
             update_start = time.perf_counter()
+            torch.set_num_threads(update_threads)
             rollout = (obs_buf, actions_buf, starts_buf, logprobs_buf, values_buf, advantages, returns)
             s_obs, s_actions, s_starts, s_logprobs, s_values, s_advantages, s_returns = (to_sequences(x, K) for x in rollout)
             s_states = state_buf[::K].reshape(args.num_sequences, agent.state_size)
@@ -1110,6 +1121,7 @@ def train(args: Args, on_iteration=None) -> dict:
                 if args.target_kl and stats["approx_kl"].item() > args.target_kl:
                     break
             update_time = time.perf_counter() - update_start
+            torch.set_num_threads(rollout_threads)
 
             # torchrun: every process's ended episodes, task metrics and errors reach process 0's logs, and all stop
             # after the same iteration (a signal may reach them at different steps)

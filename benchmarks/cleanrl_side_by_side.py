@@ -11,7 +11,9 @@ own simulator alone, stepped the same way in its own environment (one plain `gym
 Rounds alternate A B A B: our simulator, our training, CleanRL's simulator, CleanRL's training (as a user runs it:
 torch's default threads), then CleanRL with one torch thread (as our Gymnasium preset runs). Training SPS is the
 median over iterations after the first (CleanRL prints its SPS since the start; per-iteration rates are
-recovered from consecutive prints). Measure on an otherwise idle machine.
+recovered from consecutive prints). The last column is what each script spends per step besides simulating
+(1/training SPS - 1/simulator SPS): acting, wrappers, bookkeeping and its share of the update. Measure on an
+otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -112,9 +114,13 @@ def cleanrl_training_sps(python: str, script: str, iterations: int, threads: int
         out = run([python, script, "--env-id", "HalfCheetah-v4", "--no-cuda",
                    "--total-timesteps", str(iterations * CLEANRL_BATCH)], "CleanRL's training run", env=env, cwd=tmp)
     cumulative = [int(x) for x in re.findall(r"^SPS: (\d+)", out, flags=re.M)]
-    elapsed = [CLEANRL_BATCH * (i + 1) / sps for i, sps in enumerate(cumulative)]  # seconds since its start
-    per_iteration = [CLEANRL_BATCH / (b - a) for a, b in zip(elapsed, elapsed[1:])]
-    return statistics.median(per_iteration)
+    return statistics.median(per_iteration_sps(cumulative, CLEANRL_BATCH))
+
+
+def per_iteration_sps(cumulative: list[float], batch: int) -> list[float]:
+    """Each iteration's SPS after the first, from SPS figures averaged since the start (CleanRL's "SPS:" prints)."""
+    elapsed = [batch * (i + 1) / sps for i, sps in enumerate(cumulative)]  # seconds since the start
+    return [batch / (b - a) for a, b in zip(elapsed, elapsed[1:])]
 
 
 def main(args: Args) -> str:
@@ -140,9 +146,10 @@ def main(args: Args) -> str:
     lines = [f"HalfCheetah, one env, 2048 steps per iteration, {args.iterations} iterations per run, rounds A B A B "
              f"({machine}; CleanRL at commit {CLEANRL_COMMIT[:8]}):", "",
              "| script | env | torch threads | round | simulator alone (steps/s) | training SPS "
-             "| **training / simulator** |", "|---|---|---|---:|---:|---:|---:|"]
-    lines += [f"| {name} | {env_id} | {threads} | {r} | {sim:,.0f} | {sps:,.0f} | **{sps / sim:.3f}** |"
-              for name, env_id, threads, r, sim, sps in rows]
+             "| **training / simulator** | time per step outside the simulator (µs) |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {env_id} | {threads} | {r} | {sim:,.0f} | {sps:,.0f} | **{sps / sim:.3f}** "
+              f"| {1e6 / sps - 1e6 / sim:,.0f} |" for name, env_id, threads, r, sim, sps in rows]
     ours_sps, ours_ratio = median_of("ppo_continuous.py (ours)")
     lines.append("")
     for label in sorted({r[2] for r in rows if r[0].startswith("CleanRL")}):

@@ -132,3 +132,13 @@ def test_eval_compare_reduces_each_experiments_last_checkpoints_over_seeds_and_c
     assert len(evaluated) == 10 and os.path.isfile(tmp_path / "out" / "cmp.png")
     eval_compare.main(args)
     assert len(evaluated) == 10  # all from the runs' caches
+
+
+def test_cleanrl_per_iteration_rates_come_from_its_cumulative_prints():
+    """Bug: CleanRL's "SPS:" (averaged since its start, first iteration's warm-up included) read as each iteration's."""
+    from benchmarks.cleanrl_side_by_side import per_iteration_sps
+
+    durations = [10.0, 2.0, 4.0, 2.0]  # seconds per 2048-step iteration; the first one warms up
+    elapsed = np.cumsum(durations)
+    cumulative = [2048 * (i + 1) / t for i, t in enumerate(elapsed)]
+    assert per_iteration_sps(cumulative, 2048) == pytest.approx([1024.0, 512.0, 1024.0])

@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
 
+import envs
 from conftest import (
     REPO, SCRIPTS, run_cli, episode_schedule, metrics_without_timing, naive_gae, script_named, use_scripted_env,
 )
@@ -499,6 +500,29 @@ def test_gradient_clipping_covers_every_parameter(script, in_tmp, monkeypatch):
     history = script.module.train(script.args(max_grad_norm=0.01, norm_reward=False))["history"]
     assert history[0]["losses/grad_norm_total"] > 0.1  # clipping was needed
     assert all(math.sqrt(sum(n * n for n in norms.values())) <= 0.01 * (1 + 1e-4) for norms in seen)
+
+
+def test_update_threads_apply_to_the_update_alone(script, in_tmp, monkeypatch):
+    """Bugs: --update-threads ignored, or left in force for the rollout (where the simulator needs the cores)."""
+    seen = {"rollout": set(), "update": set()}
+    original_step, original_loss = envs.GymnasiumVecEnv.step, script.module.ppo_loss
+
+    def recording_step(self, action):
+        seen["rollout"].add(torch.get_num_threads())
+        return original_step(self, action)
+
+    def recording_loss(*args, **kwargs):
+        seen["update"].add(torch.get_num_threads())
+        return original_loss(*args, **kwargs)
+
+    monkeypatch.setattr(envs.GymnasiumVecEnv, "step", recording_step)
+    monkeypatch.setattr(script.module, "ppo_loss", recording_loss)
+    threads = torch.get_num_threads()
+    try:
+        script.module.train(script.args(torch_threads=1, update_threads=3))
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == {"rollout": {1}, "update": {3}}
 
 
 # ---------------------------------------------------------------- 10, 13: normalisers, checkpoints, evaluation

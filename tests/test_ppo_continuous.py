@@ -37,29 +37,3 @@ def test_env_kwargs_flag_keeps_integers_integers():
     assert args.env_kwargs == {"decimation": 4, "action_scale": 0.1, "stagger_episodes": False}
     assert isinstance(args.env_kwargs["decimation"], int)
 
-
-# ---------------------------------------------------------------- threads
-def test_update_threads_apply_to_the_update_alone(in_tmp, monkeypatch):
-    """Bugs: --update-threads ignored, or left in force for the rollout (where the simulator needs the cores)."""
-    import torch
-
-    seen = {"act": set(), "loss": set()}
-    original_act, original_loss = ppo.Agent.get_action_and_value, ppo.ppo_loss
-
-    def recording_act(self, obs, action=None):
-        if action is None:  # acting in the rollout (the loss scores given actions)
-            seen["act"].add(torch.get_num_threads())
-        return original_act(self, obs, action)
-
-    def recording_loss(*args, **kwargs):
-        seen["loss"].add(torch.get_num_threads())
-        return original_loss(*args, **kwargs)
-
-    monkeypatch.setattr(ppo.Agent, "get_action_and_value", recording_act)
-    monkeypatch.setattr(ppo, "ppo_loss", recording_loss)
-    threads = torch.get_num_threads()
-    try:
-        ppo.train(SCRIPT.args(torch_threads=1, update_threads=3, total_timesteps=2 * 4 * 64))
-    finally:
-        torch.set_num_threads(threads)
-    assert seen == {"act": {1}, "loss": {3}}
