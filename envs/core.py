@@ -1,7 +1,8 @@
 """The batched torch-tensor interface over Gymnasium vector environments.
 
 `GymnasiumVecEnv` adapts any Gymnasium id (`gym.make_vec` with same-step autoreset) to the contract
-in DESIGN.md §3; `EpisodeTracker` keeps the raw episode statistics that every backend reports.
+in DESIGN.md §3 (its raw episode statistics in numpy); `EpisodeTracker` keeps them in torch for the natively
+batched tasks.
 """
 
 from __future__ import annotations

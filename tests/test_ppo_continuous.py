@@ -36,4 +36,3 @@ def test_env_kwargs_flag_keeps_integers_integers():
     args = tyro.cli(ppo.Args, args=["--env-kwargs", "decimation", "4", "action_scale", "0.1", "stagger_episodes", "False"])
     assert args.env_kwargs == {"decimation": 4, "action_scale": 0.1, "stagger_episodes": False}
     assert isinstance(args.env_kwargs["decimation"], int)
-
