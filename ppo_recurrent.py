@@ -701,6 +701,49 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
     return norms
 
 
+def update(agent: RecurrentAgent, optimizer: torch.optim.Optimizer, rollout: tuple, state_buf: torch.Tensor,
+           args: Args) -> tuple[dict, int]:
+    """PPO's epochs on one rollout cut into sequences of --bptt-len steps, a minibatch being a set of sequences:
+    `rollout` = (obs, starts, actions, logprobs, values, advantages, returns), each (num_steps, num_envs, ...), and
+    `state_buf` the state entering each step. Returns the losses' means and the first minibatch's diagnostics (as
+    logged), and the epochs done."""
+    K = args.bptt_len
+    s_obs, s_starts, s_actions, s_logprobs, s_values, s_advantages, s_returns = (to_sequences(x, K) for x in rollout)
+    s_states = state_buf[::K].reshape(args.num_sequences, agent.state_size)
+    sequences_per_minibatch = args.num_sequences // args.num_minibatches
+    stat_sums: dict[str, torch.Tensor] = {}
+    num_updates = 0
+    for epoch in range(args.update_epochs):
+        if args.recompute_hidden and epoch > 0:  # the stored states came from the rollout's weights
+            s_states = agent.sequence_start_states(rollout[0], state_buf[0], rollout[1], K)
+        permutation = torch.randperm(args.num_sequences, device=state_buf.device)
+        for start in range(0, args.num_sequences, sequences_per_minibatch):
+            idx = permutation[start : start + sequences_per_minibatch]
+            loss, stats = ppo_loss(
+                agent, s_obs[:, idx], s_actions[:, idx], s_states[idx], s_starts[:, idx], s_logprobs[:, idx],
+                s_advantages[:, idx], s_returns[:, idx], s_values[:, idx], args,
+            )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            # torchrun: every process steps with the mean gradient and, for the adaptive rate and the early stop,
+            # the mean KL, so they stay identical
+            average_over_processes([p.grad for p in agent.parameters() if p.grad is not None] + [stats["approx_kl"]])
+            if num_updates == 0:  # once per iteration: the policy that acted, and its gradients
+                first_minibatch = {"debug/first_minibatch_ratio_max_dev": stats["ratio_max_dev"],
+                                   **{f"gradients/{k}": v for k, v in grad_norms(agent).items()}}
+            stats["grad_norm_total"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            if args.anneal_lr and args.lr_schedule == "adaptive_kl":
+                adapt_lr(optimizer, stats["approx_kl"].item(), args.desired_kl)
+            for key, value in stats.items():
+                stat_sums[key] = stat_sums.get(key, 0.0) + value
+            num_updates += 1
+        if args.target_kl and stats["approx_kl"].item() > args.target_kl:
+            break
+    losses = {f"losses/{k}": v / num_updates for k, v in stat_sums.items() if k != "ratio_max_dev"}
+    return {**losses, **first_minibatch}, epoch + 1
+
+
 # Data-parallel training under torchrun, as rsl_rl's and CleanRL's multi-GPU PPO: each process steps its own envs,
 # every minibatch's gradients are averaged over the processes, the normalisers merge everyone's data, process 0 logs
 # and saves. Without torchrun (WORLD_SIZE unset) nothing here touches torch.distributed.
@@ -907,6 +950,63 @@ def show_progress(progress, metrics: dict, recent_returns: list[float]) -> None:
     progress.set_postfix(postfix)
 
 
+class RolloutReports:
+    """What the envs report during a rollout besides observations and rewards: the episodes that ended (return,
+    length, success), the tasks' own metrics of those episodes, the reward terms and the simulator errors."""
+
+    def __init__(self, num_steps: int, num_envs: int, device: torch.device):
+        buf = lambda dtype=torch.float32: torch.zeros((num_steps, num_envs), dtype=dtype, device=device)  # noqa: E731
+        self.returns, self.lengths, self.ended, self.success = buf(), buf(), buf(torch.bool), buf(torch.bool)
+        self.num_steps, self.device = num_steps, device
+        self.has_success = False  # tasks with a success criterion report it in info["success"] (logged as a rate)
+
+    def start(self) -> None:
+        self.reward_term_sums, self.metric_sums = {}, {}
+        self.sim_errors = torch.zeros((), device=self.device)
+
+    def record(self, step: int, info: dict) -> None:
+        episode = info["episode"]
+        self.returns[step], self.lengths[step], self.ended[step] = episode["r"], episode["l"], episode["mask"]
+        if "success" in info:
+            self.has_success, self.success[step] = True, info["success"]
+        for name, value in info.get("episode_metrics", {}).items():
+            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + torch.where(episode["mask"], value, 0.0).sum()
+        for name, term in info.get("reward_terms", {}).items():
+            self.reward_term_sums[name] = self.reward_term_sums.get(name, 0.0) + term.mean()
+        self.sim_errors += info["sim_errors"].sum()
+
+    def merged(self, stop_signum):
+        """The rollout's reports of every process (torchrun) as scalars to log, the ended episodes' returns and
+        lengths, and the first stop signal any process received (a signal may reach them at different steps)."""
+        merged = merge_processes({
+            "episodes/r": self.returns[self.ended], "episodes/l": self.lengths[self.ended],
+            **({"episodes/success": self.success[self.ended]} if self.has_success else {}),
+            **{f"episode_metrics/{k}": v for k, v in self.metric_sums.items()},
+            **{f"reward_terms/{k}": v / self.num_steps for k, v in self.reward_term_sums.items()},
+            "env/sim_errors": self.sim_errors, "stop": stop_signum,
+        })
+        stop_signum, ended_returns, ended_lengths = merged.pop("stop"), merged.pop("episodes/r"), merged.pop("episodes/l")
+        if self.has_success:
+            merged["charts/success_rate"] = merged.pop("episodes/success").float().mean()
+        for key in [k for k in merged if k.startswith("episode_metrics/")]:
+            merged[key] = merged[key] / len(ended_returns)
+        return merged, ended_returns, ended_lengths, stop_signum
+
+
+def write_logs(writer, wandb_run, metrics: dict, finished: list[list[float]], global_step: int) -> None:
+    """An iteration's scalars to TensorBoard and W&B; each ended episode's return and length to TensorBoard (one
+    point per episode, as CleanRL logs them: benchmarks reduce over the last 100), their mean to W&B."""
+    for key, value in metrics.items() if writer is not None else ():
+        writer.add_scalar(key, value, global_step)
+    for episode_return, episode_length in zip(*finished) if writer is not None else ():
+        writer.add_scalar("charts/episodic_return", episode_return, global_step)
+        writer.add_scalar("charts/episodic_length", episode_length, global_step)
+    if finished[0]:
+        metrics["charts/episodic_return"], metrics["charts/episodic_length"] = map(np.mean, finished)
+    if wandb_run is not None:
+        wandb_run.log({**metrics, "global_step": global_step})
+
+
 def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render: bool = False, **overrides):
     try:
         return envs.make(args.env_id, num_envs=num_envs, seed=seed, device=device, sim_device=args.sim_device,
@@ -992,7 +1092,7 @@ def train(args: Args, on_iteration=None) -> dict:
             raise
         writer, wandb_run = open_logs(args, run_dir, resumed_at=global_step if checkpoint is not None else None)
 
-    T, N, K = args.num_steps, args.num_envs, args.bptt_len
+    T, N = args.num_steps, args.num_envs
     obs_dim, act_dim = vec.single_observation_space.shape[0], vec.single_action_space.shape[0]
     buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=policy_device)  # noqa: E731
     obs_buf, final_obs_buf, actions_buf = buf(obs_dim), buf(obs_dim), buf(act_dim)
@@ -1000,8 +1100,7 @@ def train(args: Args, on_iteration=None) -> dict:
     state_buf, final_state_buf, starts_buf = buf(agent.state_size), buf(agent.state_size), buf(dtype=torch.bool)
     logprobs_buf, rewards_buf, values_buf = buf(), buf(), buf()
     terminated_buf, truncated_buf = buf(dtype=torch.bool), buf(dtype=torch.bool)
-    ep_return_buf, ep_length_buf, ep_mask_buf, success_buf = buf(), buf(), buf(dtype=torch.bool), buf(dtype=torch.bool)
-    has_success = False  # tasks with a success criterion report it in info["success"] (logged as a rate)
+    reports = RolloutReports(T, N, policy_device)
     recent_returns: list[float] = []
     history: list[dict] = []
 
@@ -1038,9 +1137,7 @@ def train(args: Args, on_iteration=None) -> dict:
             if args.capture_video and rank == 0 and (iteration - 1) % args.video_interval == 0:
                 recorder.start()
             rollout_start = time.perf_counter()
-            reward_term_sums: dict[str, torch.Tensor] = {}
-            metric_sums: dict[str, torch.Tensor] = {}  # the tasks' own metrics of the episodes that ended
-            sim_errors = torch.zeros((), device=policy_device)
+            reports.start()
             with torch.inference_mode():
                 for step in range(T):
                     obs_buf[step] = next_obs
@@ -1057,15 +1154,7 @@ def train(args: Args, on_iteration=None) -> dict:
                     next_obs, final_obs_buf[step] = obs_norm(next_obs_raw), obs_norm(info["final_obs"])
                     rewards_buf[step] = reward
                     terminated_buf[step], truncated_buf[step] = terminated, truncated
-                    episode = info["episode"]
-                    ep_return_buf[step], ep_length_buf[step], ep_mask_buf[step] = episode["r"], episode["l"], episode["mask"]
-                    if "success" in info:
-                        has_success, success_buf[step] = True, info["success"]
-                    for name, value in info.get("episode_metrics", {}).items():
-                        metric_sums[name] = metric_sums.get(name, 0.0) + torch.where(episode["mask"], value, 0.0).sum()
-                    for name, term in info.get("reward_terms", {}).items():
-                        reward_term_sums[name] = reward_term_sums.get(name, 0.0) + term.mean()
-                    sim_errors += info["sim_errors"].sum()
+                    reports.record(step, info)
                     if args.capture_video and rank == 0:
                         path = os.path.join(run_dir, "videos", f"train_{global_step + (step + 1) * N}.mp4")
                         if recorder.step(vec, done, path):
@@ -1085,74 +1174,26 @@ def train(args: Args, on_iteration=None) -> dict:
 
             update_start = time.perf_counter()
             torch.set_num_threads(update_threads)
-            rollout = (obs_buf, actions_buf, starts_buf, logprobs_buf, values_buf, advantages, returns)
-            s_obs, s_actions, s_starts, s_logprobs, s_values, s_advantages, s_returns = (to_sequences(x, K) for x in rollout)
-            s_states = state_buf[::K].reshape(args.num_sequences, agent.state_size)
-            sequences_per_minibatch = args.num_sequences // args.num_minibatches
-            stat_sums: dict[str, torch.Tensor] = {}
-            num_updates, epochs_done = 0, 0
-            for epoch in range(args.update_epochs):
-                if args.recompute_hidden and epoch > 0:  # the stored states came from the rollout's weights
-                    s_states = agent.sequence_start_states(obs_buf, state_buf[0], starts_buf, K)
-                permutation = torch.randperm(args.num_sequences, device=policy_device)
-                for start in range(0, args.num_sequences, sequences_per_minibatch):
-                    idx = permutation[start : start + sequences_per_minibatch]
-                    loss, stats = ppo_loss(
-                        agent, s_obs[:, idx], s_actions[:, idx], s_states[idx], s_starts[:, idx], s_logprobs[:, idx],
-                        s_advantages[:, idx], s_returns[:, idx], s_values[:, idx], args,
-                    )
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    # torchrun: every process steps with the mean gradient and, for the adaptive rate and the early
-                    # stop, the mean KL, so they stay identical
-                    average_over_processes([p.grad for p in agent.parameters() if p.grad is not None]
-                                           + [stats["approx_kl"]])
-                    if num_updates == 0:  # once per iteration: the policy that acted, and its gradients
-                        first_minibatch = {"debug/first_minibatch_ratio_max_dev": stats["ratio_max_dev"],
-                                           **{f"gradients/{k}": v for k, v in grad_norms(agent).items()}}
-                    stats["grad_norm_total"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    if adaptive_lr:
-                        adapt_lr(optimizer, stats["approx_kl"].item(), args.desired_kl)
-                    for key, value in stats.items():
-                        stat_sums[key] = stat_sums.get(key, 0.0) + value
-                    num_updates += 1
-                epochs_done = epoch + 1
-                if args.target_kl and stats["approx_kl"].item() > args.target_kl:
-                    break
+            rollout = (obs_buf, starts_buf, actions_buf, logprobs_buf, values_buf, advantages, returns)
+            update_stats, epochs_done = update(agent, optimizer, rollout, state_buf, args)
             update_time = time.perf_counter() - update_start
             torch.set_num_threads(rollout_threads)
 
-            # torchrun: every process's ended episodes, task metrics and errors reach process 0's logs, and all stop
-            # after the same iteration (a signal may reach them at different steps)
-            merged = merge_processes({
-                "episodes/r": ep_return_buf[ep_mask_buf], "episodes/l": ep_length_buf[ep_mask_buf],
-                **({"episodes/success": success_buf[ep_mask_buf]} if has_success else {}),
-                **{f"episode_metrics/{k}": v for k, v in metric_sums.items()},
-                **{f"reward_terms/{k}": v / T for k, v in reward_term_sums.items()},
-                "env/sim_errors": sim_errors, "stop": stop.signum,
-            })
-            stop.signum = merged.pop("stop")
-            ended_returns, ended_lengths = merged.pop("episodes/r"), merged.pop("episodes/l")
-            if has_success:
-                merged["charts/success_rate"] = merged.pop("episodes/success").float().mean()
-            for key in [k for k in merged if k.startswith("episode_metrics/")]:
-                merged[key] = merged[key] / len(ended_returns)
+            merged, ended_returns, ended_lengths, stop.signum = reports.merged(stop.signum)
 
             # Logged: what shows a failing run (DESIGN.md §4), nothing derivable; one host transfer per iteration.
             with torch.no_grad():
                 b_values, b_advantages, b_returns = values_buf.flatten(), advantages.flatten(), returns.flatten()
                 var_returns = b_returns.var()
-                scalars = {f"losses/{k}": v / num_updates for k, v in stat_sums.items() if k != "ratio_max_dev"}
-                scalars.update({
+                scalars = {
+                    **update_stats,
                     "losses/explained_variance": 1 - (b_returns - b_values).var() / var_returns,
                     "policy/action_std": agent.actor_logstd.exp().mean(),
                     "values/mean": b_values.mean(), "values/std": b_values.std(),
                     "values/returns_variance": var_returns,
                     "advantages/mean": b_advantages.mean(), "advantages/std": b_advantages.std(), **merged,
                     "policy/rnn_state_rms": state_buf.square().mean().sqrt(),
-                })
-                scalars.update(first_minibatch)
+                }
                 finished = torch.stack([ended_returns, ended_lengths]).cpu().tolist()
             metrics = dict(zip(scalars, torch.stack([torch.as_tensor(v, dtype=torch.float64).to(policy_device)
                                                      for v in scalars.values()]).cpu().tolist()))
@@ -1161,17 +1202,8 @@ def train(args: Args, on_iteration=None) -> dict:
                             "charts/SPS": T * N * args.world_size / (rollout_time + update_time)})
             if not finished[0]:  # no episode ended: no success rate or task metric (the mean of nothing is NaN)
                 metrics = {k: v for k, v in metrics.items() if not k.startswith(("charts/success", "episode_metrics/"))}
-            for key, value in metrics.items() if writer is not None else ():
-                writer.add_scalar(key, value, global_step)
-            for episode_return, episode_length in zip(*finished) if writer is not None else ():
-                # One point per episode, as CleanRL logs them: benchmarks reduce over the last 100 episodes.
-                writer.add_scalar("charts/episodic_return", episode_return, global_step)
-                writer.add_scalar("charts/episodic_length", episode_length, global_step)
-            if finished[0]:  # in the summary and W&B as their mean: the event file has every episode
-                recent_returns = (recent_returns + finished[0])[-100:]
-                metrics["charts/episodic_return"], metrics["charts/episodic_length"] = map(np.mean, finished)
-            if wandb_run is not None:
-                wandb_run.log({**metrics, "global_step": global_step})
+            write_logs(writer, wandb_run, metrics, finished, global_step)
+            recent_returns = (recent_returns + finished[0])[-100:]
             history.append({"iteration": iteration, "global_step": global_step, **metrics})
             if on_iteration is not None:
                 on_iteration(history[-1])
