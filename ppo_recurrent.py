@@ -985,7 +985,8 @@ class RolloutReports:
             **{f"reward_terms/{k}": v / self.num_steps for k, v in self.reward_term_sums.items()},
             "env/sim_errors": self.sim_errors, "stop": stop_signum,
         })
-        stop_signum, ended_returns, ended_lengths = merged.pop("stop"), merged.pop("episodes/r"), merged.pop("episodes/l")
+        stop_signum = merged.pop("stop")
+        ended_returns, ended_lengths = merged.pop("episodes/r"), merged.pop("episodes/l")
         if self.has_success:
             merged["charts/success_rate"] = merged.pop("episodes/success").float().mean()
         for key in [k for k in merged if k.startswith("episode_metrics/")]:

@@ -743,7 +743,8 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
     return {**norms, **layer_max}
 
 
-def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, batch: tuple, args: Args) -> tuple[dict, int]:
+def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, batch: tuple,
+           args: Args) -> tuple[dict, int]:
     """PPO's epochs of minibatch steps on one rollout: `batch` = (windows, valid, actions, logprobs, advantages,
     returns, values), flat over steps. Returns the losses' means and the first minibatch's diagnostics (as logged),
     and the epochs done."""
@@ -1016,7 +1017,8 @@ class RolloutReports:
             **{f"reward_terms/{k}": v / self.num_steps for k, v in self.reward_term_sums.items()},
             "env/sim_errors": self.sim_errors, "stop": stop_signum,
         })
-        stop_signum, ended_returns, ended_lengths = merged.pop("stop"), merged.pop("episodes/r"), merged.pop("episodes/l")
+        stop_signum = merged.pop("stop")
+        ended_returns, ended_lengths = merged.pop("episodes/r"), merged.pop("episodes/l")
         if self.has_success:
             merged["charts/success_rate"] = merged.pop("episodes/success").float().mean()
         for key in [k for k in merged if k.startswith("episode_metrics/")]:
