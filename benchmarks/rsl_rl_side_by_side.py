@@ -91,7 +91,8 @@ class RslRlEnv:
 
     def step(self, actions: torch.Tensor):
         self.obs, reward, terminated, truncated, info = self.vec.step(actions)
-        extras = {"time_outs": truncated, "log": {f"/reward_terms/{k}": v.mean() for k, v in info["reward_terms"].items()}}
+        terms = {f"/reward_terms/{k}": v.mean() for k, v in info["reward_terms"].items()}
+        extras = {"time_outs": truncated, "log": terms}
         return self.get_observations(), reward, (terminated | truncated).long(), extras
 
 
@@ -199,7 +200,8 @@ def write_report(args: Args, results: dict[str, dict[int, list[dict]]]) -> str:
         f"{args.total_timesteps}`, {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}. "
         f"Evaluation: {args.episodes} episodes, mean action, every {args.eval_every} iterations "
         f"({args.eval_every * NUM_ENVS * NUM_STEPS / 1e6:.2f}M steps); wall time = training only.", "",
-        f"| library | seed | first >= {args.target:.0%} (steps) | (seconds) | lowest after | at the end | s / iteration |",
+        f"| library | seed | first >= {args.target:.0%} (steps) | (seconds) | lowest after | at the end | "
+        "s / iteration |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)

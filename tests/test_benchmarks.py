@@ -142,3 +142,19 @@ def test_cleanrl_per_iteration_rates_come_from_its_cumulative_prints():
     elapsed = np.cumsum(durations)
     cumulative = [2048 * (i + 1) / t for i, t in enumerate(elapsed)]
     assert per_iteration_sps(cumulative, 2048) == pytest.approx([1024.0, 512.0, 1024.0])
+
+
+def test_rsl_rl_side_by_side_reports_the_first_crossing_and_any_dip_after_it():
+    """Bugs caught: the last crossing reported instead of the first (hides a slow start), the lowest success taken
+    over the whole run (counts the climb as a dip) or only at the end (misses a dip in between)."""
+    from benchmarks.rsl_rl_side_by_side import NUM_ENVS, NUM_STEPS, summarise
+
+    batch = NUM_ENVS * NUM_STEPS
+    rows = [{"step": i * 20 * batch, "wall": i * 60.0, "success_rate": s}
+            for i, s in enumerate([0.0, 0.5, 0.96, 0.90, 0.97, 1.0], start=1)]
+    summary = summarise(rows, target=0.95)
+    assert summary["steps"] == 3 * 20 * batch and summary["seconds"] == 180.0
+    assert summary["min_after"] == 0.90 and summary["final"] == 1.0
+    assert summary["seconds_per_iteration"] == pytest.approx(3.0)
+    never = summarise([dict(row, success_rate=0.5) for row in rows], target=0.95)
+    assert np.isnan(never["steps"]) and np.isnan(never["min_after"]) and never["final"] == 0.5
