@@ -72,6 +72,8 @@ class Args:
     """only our runs (rsl_rl's results already in --out-dir are reused)"""
     worker_seed: int = -1
     """(used by the benchmark itself) train rsl_rl with this seed in this process, nothing else"""
+    worker_evaluate: str = ""
+    """(used by the benchmark itself) evaluate this run directory's checkpoints in this process, nothing else"""
 
 
 class RslRlEnv:
@@ -242,6 +244,9 @@ def main(args: Args) -> None:
                         *RSL_RL_PACKAGES], check=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.lib_dir, ROOT]))
     results: dict[str, dict[int, list[dict]]] = {"rsl_rl": {}, "ppo_continuous.py": {}}
+    # Each run is evaluated in a process of its own: every evaluation builds a Genesis scene, and scenes built one
+    # after the other in one process do not give all their memory back (50 of them took 24 GB here).
+    evaluate = [sys.executable, __file__, "--episodes", str(args.episodes), "--worker-evaluate"]
     for seed in args.seeds:
         rsl_dir = os.path.join(ROOT, "runs", f"rsl_rl_FrankaReach-v0__{iterations}__{seed}")
         if not args.skip_rsl_rl and not os.path.exists(os.path.join(rsl_dir, "wall.json")):
@@ -249,6 +254,7 @@ def main(args: Args) -> None:
                             str(args.total_timesteps), "--eval-every", str(args.eval_every), "--out-dir", rsl_dir],
                            check=True, env=env, cwd=ROOT)
         if os.path.exists(os.path.join(rsl_dir, "wall.json")):
+            subprocess.run(evaluate + [rsl_dir], check=True, env=env, cwd=ROOT)
             results["rsl_rl"][seed] = evaluate_rsl_rl(rsl_dir, seed, args.episodes)
         exp_name = f"rsl_rl_sbs_{iterations}"
         ours = sorted(glob.glob(os.path.join(ROOT, "runs", f"FrankaReach-v0__{exp_name}__{seed}__*")))
@@ -257,6 +263,7 @@ def main(args: Args) -> None:
                             "--total-timesteps", str(args.total_timesteps), "--checkpoint-interval",
                             str(args.eval_every), "--no-progress-bar"], check=True, cwd=ROOT)
             ours = sorted(glob.glob(os.path.join(ROOT, "runs", f"FrankaReach-v0__{exp_name}__{seed}__*")))
+        subprocess.run(evaluate + [ours[-1]], check=True, env=env, cwd=ROOT)
         results["ppo_continuous.py"][seed] = evaluate_ours(ours[-1], args.episodes)
     with open(os.path.join(args.out_dir, "evaluations.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -269,5 +276,11 @@ if __name__ == "__main__":
         os.makedirs(cli_args.out_dir, exist_ok=True)
         train_rsl_rl(cli_args.worker_seed, cli_args.total_timesteps // (NUM_ENVS * NUM_STEPS), cli_args.eval_every,
                      cli_args.out_dir)
+    elif cli_args.worker_evaluate:  # fills the run's evaluation cache
+        run_dir = cli_args.worker_evaluate
+        if os.path.exists(os.path.join(run_dir, "wall.json")):
+            evaluate_rsl_rl(run_dir, int(run_dir.rsplit("__", 1)[1]), cli_args.episodes)
+        else:
+            evaluate_ours(run_dir, cli_args.episodes)
     else:
         main(cli_args)
