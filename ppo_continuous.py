@@ -166,10 +166,10 @@ class Args:
 
 
 # Args' defaults are the Genesis arm's: many parallel envs, short rollouts, large batches, adaptive KL, 64x64 ELU
-# networks, 8 epochs and entropy 0.001 (Isaac Lab's rsl_rl Franka reach settings, with our normalisers: ahead of
-# rsl_rl in steps and seconds, benchmarks/results/rsl_rl_side_by_side; 5 epochs without the bonus reached 95% later
-# and dipped below it again). Any other task starts from CleanRL's ppo_continuous_action settings; a task's entry
-# overrides them.
+# networks, 8 epochs and entropy 0.001 (Isaac Lab's rsl_rl Franka reach settings, with our normalisers: 5 epochs
+# without the bonus reached 95% later and fell far below it again; against rsl_rl itself it ends higher but crosses
+# 95% later on average, benchmarks/results/rsl_rl_side_by_side). Any other task starts from CleanRL's
+# ppo_continuous_action settings; a task's entry overrides them.
 CLEANRL = dict(
     num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, lr_schedule="linear", num_steps=2048,
     num_minibatches=32, update_epochs=10, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5, activation="tanh",
@@ -863,7 +863,8 @@ class RolloutReports:
 
 def write_logs(writer, wandb_run, metrics: dict, finished: list[list[float]], global_step: int) -> None:
     """An iteration's scalars to TensorBoard and W&B; each ended episode's return and length to TensorBoard (one
-    point per episode, as CleanRL logs them: benchmarks reduce over the last 100), their mean to W&B."""
+    point per episode, as CleanRL logs them: benchmarks reduce over the last 100), their mean to W&B and into
+    `metrics` (the run's history)."""
     for key, value in metrics.items() if writer is not None else ():
         writer.add_scalar(key, value, global_step)
     for episode_return, episode_length in zip(*finished) if writer is not None else ():

@@ -1028,7 +1028,8 @@ class RolloutReports:
 
 def write_logs(writer, wandb_run, metrics: dict, finished: list[list[float]], global_step: int) -> None:
     """An iteration's scalars to TensorBoard and W&B; each ended episode's return and length to TensorBoard (one
-    point per episode, as CleanRL logs them: benchmarks reduce over the last 100), their mean to W&B."""
+    point per episode, as CleanRL logs them: benchmarks reduce over the last 100), their mean to W&B and into
+    `metrics` (the run's history)."""
     for key, value in metrics.items() if writer is not None else ():
         writer.add_scalar(key, value, global_step)
     for episode_return, episode_length in zip(*finished) if writer is not None else ():
