@@ -104,9 +104,11 @@ class Args:
     update_epochs: int = 5
     """epochs over each rollout"""
     norm_adv: bool = True
-    """normalise advantages per minibatch"""
+    """normalise advantages to zero mean and unit std"""
+    norm_adv_per_minibatch: bool = True
+    """with --norm-adv: per minibatch (CleanRL); off: over the whole batch, once per iteration (rsl_rl)"""
     robust_adv_norm: bool = False
-    """with --norm-adv: only centre a minibatch's advantages when their std is below 1e-4 (no blow-up when flat)"""
+    """with --norm-adv: only centre advantages whose std is below 1e-4 (no blow-up when flat)"""
     clip_coef: float = 0.2
     """PPO's surrogate clipping coefficient"""
     clip_vloss: bool = True
@@ -120,7 +122,9 @@ class Args:
     vf_coef: float = 1.0
     """value loss coefficient"""
     max_grad_norm: float = 1.0
-    """global gradient-norm clip over all parameters"""
+    """gradient-norm clip, over all parameters together (CleanRL) or per network (--clip-grad-per-network)"""
+    clip_grad_per_network: bool = False
+    """clip the actor's and the critic's gradient norms each to --max-grad-norm (rsl_rl), not their joint norm"""
     target_kl: float = 0.0
     """stop the epochs of an iteration once approx_kl exceeds this (0: never)"""
 
@@ -647,20 +651,25 @@ def mean_std_over_processes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return mean.float(), ((total_squares - count * mean.square()) / (count - 1)).clamp(min=0.0).sqrt().float()
 
 
+def normalise_advantages(advantages: torch.Tensor, args: Args) -> torch.Tensor:
+    """Advantages to zero mean and unit std (under torchrun, with the statistics of every process's data together)."""
+    if dist.is_initialized():
+        mean, std = mean_std_over_processes(advantages)
+    else:
+        mean, std = advantages.mean(), advantages.std()
+    if args.robust_adv_norm:  # flat advantages (a solved task, sparse rewards): centre, do not blow them up
+        std = torch.where(std < 1e-4, torch.ones_like(std), std)
+    return (advantages - mean) / (std + 1e-8)
+
+
 def ppo_loss(agent, windows, valid, actions, old_logprobs, advantages, returns, old_values, args: Args):
     """The clipped PPO objective on one minibatch of steps, each seen through its window; returns (loss, stats).
-    Advantages are normalised here (per minibatch); returns are the value targets as they are."""
+    Advantages are normalised here when per minibatch; returns are the value targets as they are."""
     _, new_logprobs, entropy, new_values = agent.get_action_and_value(windows, valid, actions)
     logratio = new_logprobs - old_logprobs
     ratio = logratio.exp()
-    if args.norm_adv:
-        if dist.is_initialized():  # torchrun: the statistics of every process's minibatch together
-            mean, std = mean_std_over_processes(advantages)
-        else:
-            mean, std = advantages.mean(), advantages.std()
-        if args.robust_adv_norm:  # flat advantages (a solved task, sparse rewards): centre, do not blow them up
-            std = torch.where(std < 1e-4, torch.ones_like(std), std)
-        advantages = (advantages - mean) / (std + 1e-8)
+    if args.norm_adv and args.norm_adv_per_minibatch:
+        advantages = normalise_advantages(advantages, args)
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
     def value_error(values):  # per step; clipping keeps the larger error of the new and the clipped value
         if args.value_loss == "huber":
@@ -750,6 +759,11 @@ def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, batch: tup
     and the epochs done."""
     stat_sums: dict[str, torch.Tensor] = {}
     num_updates = 0
+    if args.norm_adv and not args.norm_adv_per_minibatch:
+        batch = (*batch[:4], normalise_advantages(batch[4], args), *batch[5:])
+    # rsl_rl clips each network's gradient on its own: a large value error then cannot shrink the policy's step
+    networks = [[p for name, p in agent.named_parameters() if agent.is_critic(name) == is_critic]
+                for is_critic in (False, True)] if args.clip_grad_per_network else [list(agent.parameters())]
     for epoch in range(args.update_epochs):
         permutation = torch.randperm(args.batch_size, device=batch[0].device)
         for start in range(0, args.batch_size, args.minibatch_size):
@@ -763,7 +777,8 @@ def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, batch: tup
             if num_updates == 0:  # once per iteration: the policy that acted, and its gradients
                 first_minibatch = {"debug/first_minibatch_ratio_max_dev": stats["ratio_max_dev"],
                                    **{f"gradients/{k}": v for k, v in grad_norms(agent).items()}}
-            stats["grad_norm_total"] = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            norms = [nn.utils.clip_grad_norm_(params, args.max_grad_norm) for params in networks]
+            stats["grad_norm_total"] = torch.linalg.vector_norm(torch.stack(norms))  # of all, before clipping
             optimizer.step()
             if args.anneal_lr and args.lr_schedule == "adaptive_kl":
                 adapt_lr(optimizer, stats["approx_kl"].item(), args.desired_kl)

@@ -8,7 +8,12 @@ this project's venv, so it shares our torch and Genesis), configured as Isaac La
 (`FrankaReachEnvCfg`'s rsl_rl runner: 64x64 ELU actor and critic, 24 steps per env, 8 epochs of 4 minibatches,
 adaptive KL 0.01, entropy 0.001, initial std 1, no observation normalisation), on our FrankaReach-v0 through a
 small adapter to its `VecEnv` interface (time-outs passed as `time_outs`, as Isaac Lab does). Ours runs its own
-default command. Runs alternate per seed (rsl_rl, then ours), on an otherwise idle machine.
+default command, or with --ours-args a variant of it (with --skip-rsl-rl, against an earlier sitting's rsl_rl rows):
+
+    python benchmarks/rsl_rl_side_by_side.py --skip-rsl-rl --label noreward --ours-args=--no-norm-reward \
+        --out-dir benchmarks/results/rsl_rl_side_by_side/noreward
+
+Runs alternate per seed (rsl_rl, then ours), on an otherwise idle machine.
 
 Both are evaluated the same way, by `ppo_continuous.evaluate()`: rsl_rl's actor (same layer shapes) is copied into
 one of our checkpoints (without observation normalisation), then 1000 fresh episodes with the mean action on seed
@@ -22,6 +27,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -69,7 +75,13 @@ class Args:
     lib_dir: str = os.path.join(ROOT, "benchmarks", ".rsl-rl-lib")
     """where rsl-rl-lib and its few extra dependencies are installed (pip --target)"""
     skip_rsl_rl: bool = False
-    """only our runs (rsl_rl's results already in --out-dir are reused)"""
+    """only our runs; rsl_rl's evaluations are read from --rsl-rl-results (no rsl_rl training or evaluation)"""
+    rsl_rl_results: str = "benchmarks/results/rsl_rl_side_by_side/evaluations.json"
+    """--skip-rsl-rl: an earlier sitting's evaluations.json whose rsl_rl rows are reused"""
+    ours_args: str = ""
+    """extra flags for ppo_continuous.py, one string (--ours-args="--no-norm-reward --vf-coef 2"): a variant"""
+    label: str = ""
+    """names the variant: its runs' --exp-name suffix and its rows in the table (needed with --ours-args)"""
     worker_seed: int = -1
     """(used by the benchmark itself) train rsl_rl with this seed in this process, nothing else"""
     worker_evaluate: str = ""
@@ -199,7 +211,10 @@ def write_report(args: Args, results: dict[str, dict[int, list[dict]]]) -> str:
     lines = [
         "# rsl_rl and ppo_continuous.py on FrankaReach-v0, side by side", "",
         f"`python benchmarks/rsl_rl_side_by_side.py --seeds {' '.join(map(str, args.seeds))} --total-timesteps "
-        f"{args.total_timesteps}`, {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}. "
+        f"{args.total_timesteps}"
+        + (f" --skip-rsl-rl --label {args.label} --ours-args={shlex.quote(args.ours_args)} --out-dir {args.out_dir}"
+           if args.label else "")
+        + f"`, {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}. "
         f"Evaluation: {args.episodes} episodes, mean action, every {args.eval_every} iterations "
         f"({args.eval_every * NUM_ENVS * NUM_STEPS / 1e6:.2f}M steps); wall time = training only.", "",
         f"| library | seed | first >= {args.target:.0%} (steps) | (seconds) | lowest after | at the end | "
@@ -227,7 +242,8 @@ def write_report(args: Args, results: dict[str, dict[int, list[dict]]]) -> str:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("evaluation success rate")
     axes[0].legend()
-    fig.suptitle("FrankaReach-v0: rsl_rl (Isaac Lab's reach settings) and ppo_continuous.py (its defaults)")
+    ours = f"with {args.ours_args}" if args.ours_args else "its defaults"
+    fig.suptitle(f"FrankaReach-v0: rsl_rl (Isaac Lab's reach settings) and ppo_continuous.py ({ours})")
     fig.tight_layout()
     fig.savefig(os.path.join(args.out_dir, "rsl_rl_side_by_side.png"), dpi=120)
     report = os.path.join(args.out_dir, "README.md")
@@ -243,7 +259,12 @@ def main(args: Args) -> None:
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", args.lib_dir,
                         *RSL_RL_PACKAGES], check=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.lib_dir, ROOT]))
-    results: dict[str, dict[int, list[dict]]] = {"rsl_rl": {}, "ppo_continuous.py": {}}
+    ours_name = f"ppo_continuous.py {args.label}".strip()
+    results: dict[str, dict[int, list[dict]]] = {"rsl_rl": {}, ours_name: {}}
+    if args.skip_rsl_rl:  # json keys are strings
+        with open(os.path.join(ROOT, args.rsl_rl_results)) as f:
+            stored = json.load(f)["rsl_rl"]
+        results["rsl_rl"] = {seed: stored[str(seed)] for seed in args.seeds if str(seed) in stored}
     # Each run is evaluated in a process of its own: every evaluation builds a Genesis scene, and scenes built one
     # after the other in one process do not give all their memory back (50 of them took 24 GB here).
     evaluate = [sys.executable, __file__, "--episodes", str(args.episodes), "--worker-evaluate"]
@@ -253,18 +274,19 @@ def main(args: Args) -> None:
             subprocess.run([sys.executable, __file__, "--worker-seed", str(seed), "--total-timesteps",
                             str(args.total_timesteps), "--eval-every", str(args.eval_every), "--out-dir", rsl_dir],
                            check=True, env=env, cwd=ROOT)
-        if os.path.exists(os.path.join(rsl_dir, "wall.json")):
+        if not args.skip_rsl_rl and os.path.exists(os.path.join(rsl_dir, "wall.json")):
             subprocess.run(evaluate + [rsl_dir], check=True, env=env, cwd=ROOT)
             results["rsl_rl"][seed] = evaluate_rsl_rl(rsl_dir, seed, args.episodes)
-        exp_name = f"rsl_rl_sbs_{iterations}"
+        exp_name = f"rsl_rl_sbs_{iterations}" + (f"_{args.label}" if args.label else "")
         ours = sorted(glob.glob(os.path.join(ROOT, "runs", f"FrankaReach-v0__{exp_name}__{seed}__*")))
         if not ours or not glob.glob(os.path.join(ours[-1], f"checkpoint_{iterations:06d}.pt")):
             subprocess.run([sys.executable, "ppo_continuous.py", "--seed", str(seed), "--exp-name", exp_name,
                             "--total-timesteps", str(args.total_timesteps), "--checkpoint-interval",
-                            str(args.eval_every), "--no-progress-bar"], check=True, cwd=ROOT)
+                            str(args.eval_every), "--no-progress-bar", *shlex.split(args.ours_args)],
+                           check=True, cwd=ROOT)
             ours = sorted(glob.glob(os.path.join(ROOT, "runs", f"FrankaReach-v0__{exp_name}__{seed}__*")))
         subprocess.run(evaluate + [ours[-1]], check=True, env=env, cwd=ROOT)
-        results["ppo_continuous.py"][seed] = evaluate_ours(ours[-1], args.episodes)
+        results[ours_name][seed] = evaluate_ours(ours[-1], args.episodes)
     with open(os.path.join(args.out_dir, "evaluations.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(f"wrote {write_report(args, {k: v for k, v in results.items() if v})}")
@@ -272,6 +294,8 @@ def main(args: Args) -> None:
 
 if __name__ == "__main__":
     cli_args = tyro.cli(Args)
+    if cli_args.ours_args and not cli_args.label:
+        sys.exit("--ours-args needs --label NAME, so that the variant's runs and rows are not taken for the defaults'")
     if cli_args.worker_seed >= 0:
         os.makedirs(cli_args.out_dir, exist_ok=True)
         train_rsl_rl(cli_args.worker_seed, cli_args.total_timesteps // (NUM_ENVS * NUM_STEPS), cli_args.eval_every,

@@ -8,6 +8,7 @@ from a copy of the agent taken when the rollout ended."""
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import os
 import re
@@ -485,21 +486,62 @@ def test_robust_advantage_normalisation_only_centres_flat_advantages(script):
     assert same[0] == pytest.approx(same[1], rel=1e-6, abs=1e-8)
 
 
-def test_gradient_clipping_covers_every_parameter(script, in_tmp, monkeypatch):
-    """Bug: clipping only some parameters (the actor, the heads but not a recurrent or attention trunk, or not
-    log-std), so the rest's gradients blow up the step."""
-    seen = []
-    original_step = torch.optim.Adam.step
+@pytest.mark.parametrize("per_network", [False, True])
+def test_gradient_clipping_covers_every_parameter(script, in_tmp, monkeypatch, per_network):
+    """Bugs: clipping only some parameters (the actor, the heads but not a recurrent or attention trunk, or not
+    log-std), so the rest's gradients blow up the step; or --clip-grad-per-network ignored (the joint norm clipped,
+    so a large value error shrinks the policy's step) or clipping one of the two networks only."""
+    seen, agents = [], []
+    original_step, original_make_optimizer = torch.optim.Adam.step, script.module.make_optimizer
 
-    def recording_step(self, *a, **kw):
-        seen.append({id(p): p.grad.norm().item() for group in self.param_groups for p in group["params"]
-                     if p.grad is not None})
+    def recording_step(self, *a, **kw):  # the squared gradient norm of the actor's and of the critic's parameters
+        critic = {id(p) for name, p in agents[0].named_parameters() if agents[0].is_critic(name)}
+        squares = [0.0, 0.0]
+        for p in (p for group in self.param_groups for p in group["params"] if p.grad is not None):
+            squares[id(p) in critic] += p.grad.norm().item() ** 2
+        seen.append([math.sqrt(x) for x in squares])
         return original_step(self, *a, **kw)
 
     monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
-    history = script.module.train(script.args(max_grad_norm=0.01, norm_reward=False))["history"]
+    monkeypatch.setattr(script.module, "make_optimizer", lambda agent, args: (
+        agents.append(agent), original_make_optimizer(agent, args))[1])
+    history = script.module.train(script.args(max_grad_norm=0.01, norm_reward=False,
+                                              clip_grad_per_network=per_network))["history"]
     assert history[0]["losses/grad_norm_total"] > 0.1  # clipping was needed
-    assert all(math.sqrt(sum(n * n for n in norms.values())) <= 0.01 * (1 + 1e-4) for norms in seen)
+    bound = 0.01 * (1 + 1e-4)
+    if per_network:
+        assert all(actor <= bound and critic <= bound for actor, critic in seen)
+        assert max(math.hypot(actor, critic) for actor, critic in seen) > 0.0135  # each clipped to 0.01 on its own
+    else:
+        assert all(math.hypot(actor, critic) <= bound for actor, critic in seen)
+
+
+def test_batch_advantage_normalisation_uses_the_whole_rollout_once(script, in_tmp, monkeypatch):
+    """Bugs: --no-norm-adv-per-minibatch ignored (each minibatch normalised with its own statistics, or not at all),
+    or advantages normalised over the batch and then again per minibatch."""
+    seen = []
+    original_loss = script.module.ppo_loss
+
+    def recording_loss(*a, **kw):
+        seen.append(inspect.signature(original_loss).bind(*a, **kw).arguments["advantages"].detach().flatten())
+        return original_loss(*a, **kw)
+
+    monkeypatch.setattr(script.module, "ppo_loss", recording_loss)
+    args = script.args(norm_adv_per_minibatch=False, update_epochs=1)
+    args.total_timesteps = args.num_envs * args.num_steps  # one iteration, one epoch: each step in one minibatch
+    script.module.train(args)
+    everything = torch.cat(seen)
+    assert len(seen) > 1 and everything.mean().item() == pytest.approx(0.0, abs=1e-5)
+    assert everything.std().item() == pytest.approx(1.0, rel=1e-4)
+    assert max(abs(minibatch.mean().item()) for minibatch in seen) > 1e-3  # not each minibatch's own statistics
+    agent = script.make_agent()  # and the loss takes them as they come
+    obs = torch.randn(32, 3)
+    with torch.no_grad():
+        actions, logprobs, values = script.act(agent, obs)
+    logprobs = logprobs + 0.1 * torch.randn(32)
+    losses = [script.loss(agent, obs, actions, logprobs, advantages, values, values, args)[1]["policy_loss"].item()
+              for advantages in (everything[:32], 10 * everything[:32] + 3)]
+    assert losses[1] != pytest.approx(losses[0], rel=1e-3)
 
 
 def test_update_threads_apply_to_the_update_alone(script, in_tmp, monkeypatch):
