@@ -158,6 +158,8 @@ class Args:
     """clip: the env gets the Gaussian sample clipped to its bounds; tanh: squashed into them (with the log-det term)"""
     norm_obs: bool = True
     """normalise observations with running statistics from rollout data"""
+    norm_obs_until: int = 0
+    """freeze those statistics once they hold this many observations (rsl_rl's `until`; 0: never)"""
     norm_reward: bool = True
     """scale rewards by the running standard deviation of the discounted return"""
 
@@ -267,6 +269,7 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
         ("vf_coef", args.vf_coef >= 0, "0 or more"),
         ("max_grad_norm", args.max_grad_norm > 0, "positive"),
         ("target_kl", args.target_kl >= 0, "0 (never stop early) or positive"),
+        ("norm_obs_until", args.norm_obs_until >= 0, "0 (never freeze) or a number of observations"),
         ("desired_kl", args.desired_kl > 0, "positive"),
         ("lr_min_fraction", 0 <= args.lr_min_fraction <= 1, "in [0, 1]"),
         ("critic_learning_rate", args.critic_learning_rate >= 0, "0 (--learning-rate) or positive"),
@@ -339,11 +342,13 @@ class RunningMeanStd(nn.Module):
 
 
 class ObsNormalizer(RunningMeanStd):
-    """Observations standardised by running statistics and clipped to +-10; passed through with --no-norm-obs."""
+    """Observations standardised by running statistics and clipped to +-10; passed through with --no-norm-obs.
+    With `until` > 0 the statistics stop moving once they hold that many observations: the policy's inputs then
+    stop drifting under it."""
 
-    def __init__(self, shape, enabled: bool = True):
+    def __init__(self, shape, enabled: bool = True, until: int = 0):
         super().__init__(shape)
-        self.enabled = enabled
+        self.enabled, self.until = enabled, until
         # The float32 shift and scale, refreshed whenever the statistics change: normalising (twice per step) then
         # takes three tensor ops instead of six, which with few envs is a visible share of a step.
         self.register_buffer("shift", torch.zeros(shape), persistent=False)
@@ -357,7 +362,7 @@ class ObsNormalizer(RunningMeanStd):
         self.scale.copy_(torch.rsqrt(self.var + 1e-8))
 
     def update(self, x: torch.Tensor) -> None:
-        if self.enabled:
+        if self.enabled and not 0 < self.until <= self.host_count:
             super().update(x)
             self.refresh()
 
@@ -1068,7 +1073,7 @@ def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render:
 
 def build_agent(args: Args, vec, device: torch.device) -> tuple[TransformerAgent, ObsNormalizer]:
     agent = TransformerAgent(args, vec.single_observation_space, vec.single_action_space).to(device)
-    return agent, ObsNormalizer(vec.single_observation_space.shape, args.norm_obs).to(device)
+    return agent, ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
 
 
 def train(args: Args, on_iteration=None) -> dict:

@@ -592,6 +592,20 @@ def test_normaliser_updates_only_from_rollout_data_and_is_saved(trained):
     assert checkpoint["reward_scaler"]["return_rms.count"].item() == pytest.approx(1e-4 + summary["global_step"])
 
 
+def test_norm_obs_until_freezes_the_statistics_once_they_hold_that_many(script, in_tmp):
+    """Bugs: --norm-obs-until ignored (the inputs keep drifting), or freezing the statistics from the start."""
+    def statistics(until):
+        summary = script.module.train(script.args(norm_obs_until=until, seed=3))
+        return torch.load(summary["checkpoint"], weights_only=True)["obs_normalizer"]
+
+    moving, frozen = statistics(0), statistics(30)
+    num_envs = script.args().num_envs
+    # updated step by step (num_envs observations each, the reset ones first) until the count reaches 30
+    assert frozen["count"].item() == pytest.approx(1e-4 + num_envs * math.ceil(30 / num_envs))
+    assert moving["count"].item() > 2 * frozen["count"].item()
+    assert frozen["mean"].abs().sum() > 0 and not torch.allclose(frozen["mean"], moving["mean"])
+
+
 def test_evaluation_freezes_the_normaliser_and_never_samples(trained, monkeypatch):
     """Bugs: evaluation updating the observation statistics, or acting with sampled instead of mean actions
     (seeded or not)."""
