@@ -10,8 +10,8 @@ adaptive KL 0.01, entropy 0.001, initial std 1, no observation normalisation), o
 small adapter to its `VecEnv` interface (time-outs passed as `time_outs`, as Isaac Lab does). Ours runs its own
 default command, or with --ours-args a variant of it (with --skip-rsl-rl, against an earlier sitting's rsl_rl rows):
 
-    python benchmarks/rsl_rl_side_by_side.py --skip-rsl-rl --label noreward --ours-args=--no-norm-reward \
-        --out-dir benchmarks/results/rsl_rl_side_by_side/noreward
+    python benchmarks/rsl_rl_side_by_side.py --skip-rsl-rl --label scaled --ours-args=--norm-reward \
+        --out-dir benchmarks/results/rsl_rl_side_by_side/scaled
 
 Runs alternate per seed (rsl_rl, then ours), on an otherwise idle machine.
 
