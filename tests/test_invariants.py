@@ -359,7 +359,7 @@ def test_advantages_are_normalised_and_returns_are_not(script):
     obs, advantages = torch.randn(32, 4, generator=g), torch.randn(32, generator=g)
     with torch.no_grad():
         actions, logprobs, values = script.act(agent, obs)
-    args = script.module.Args(clip_vloss=False, ent_coef=0.0, vf_coef=0.5)
+    args = script.module.Args(clip_vloss=False, ent_coef=0.0, vf_coef=0.5, norm_adv_per_minibatch=True)
     returns = torch.full_like(values, 100.0)
     old_logprobs = logprobs + 0.1 * advantages
     _, stats = script.loss(agent, obs, actions, old_logprobs, advantages, returns, values, args)
@@ -476,13 +476,13 @@ def test_robust_advantage_normalisation_only_centres_flat_advantages(script):
     flat = 5.0 + 1e-5 * torch.randn(64)  # a spread below the 1e-4 threshold, above float32's resolution at 5
     losses = {}
     for robust in (False, True):
-        args = script.module.Args(robust_adv_norm=robust, norm_adv=True, ent_coef=0.0)
+        args = script.module.Args(robust_adv_norm=robust, norm_adv=True, norm_adv_per_minibatch=True, ent_coef=0.0)
         _, stats = script.loss(agent, obs, actions, logprobs, flat, values, values, args)
         losses[robust] = abs(stats["policy_loss"].item())
     assert losses[True] < 1e-5 and losses[False] > 1e-3
     varied = torch.randn(64)  # a real spread: both normalise alike
     same = [script.loss(agent, obs, actions, logprobs, varied, values, values, script.module.Args(
-        robust_adv_norm=robust, ent_coef=0.0))[1]["policy_loss"].item() for robust in (False, True)]
+        robust_adv_norm=robust, norm_adv_per_minibatch=True, ent_coef=0.0))[1]["policy_loss"].item() for robust in (False, True)]
     assert same[0] == pytest.approx(same[1], rel=1e-6, abs=1e-8)
 
 
