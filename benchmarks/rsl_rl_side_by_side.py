@@ -295,7 +295,7 @@ def main(args: Args) -> None:
 if __name__ == "__main__":
     cli_args = tyro.cli(Args)
     if cli_args.ours_args and not cli_args.label:
-        sys.exit("--ours-args needs --label NAME, so that the variant's runs and rows are not taken for the defaults'")
+        sys.exit("--ours-args needs --label NAME: the variant's runs and rows must stay apart from the default's")
     if cli_args.worker_seed >= 0:
         os.makedirs(cli_args.out_dir, exist_ok=True)
         train_rsl_rl(cli_args.worker_seed, cli_args.total_timesteps // (NUM_ENVS * NUM_STEPS), cli_args.eval_every,
