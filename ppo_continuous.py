@@ -612,7 +612,7 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple
         permutation = torch.randperm(args.batch_size, device=batch[0].device)
         for start in range(0, args.batch_size, args.minibatch_size):
             idx = permutation[start : start + args.minibatch_size]
-            loss, stats = loss_fn(agent, *(x[idx] for x in batch), args)
+            loss, stats = loss_fn(agent, *(x.index_select(0, idx) for x in batch), args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             # torchrun: every process steps with the mean gradient and, for the adaptive rate and the early stop,

@@ -724,7 +724,7 @@ def update(agent: RecurrentAgent, optimizer: torch.optim.Optimizer, rollout: tup
     K = args.bptt_len
     if args.norm_adv and not args.norm_adv_per_minibatch:
         rollout = (*rollout[:5], normalise_advantages(rollout[5], args), rollout[6])
-    s_obs, s_starts, s_actions, s_logprobs, s_values, s_advantages, s_returns = (to_sequences(x, K) for x in rollout)
+    sequences = [to_sequences(x, K) for x in rollout]  # obs, starts, actions, logprobs, values, advantages, returns
     s_states = state_buf[::K].reshape(args.num_sequences, agent.state_size)
     sequences_per_minibatch = args.num_sequences // args.num_minibatches
     stat_sums: dict[str, torch.Tensor] = {}
@@ -738,10 +738,10 @@ def update(agent: RecurrentAgent, optimizer: torch.optim.Optimizer, rollout: tup
         permutation = torch.randperm(args.num_sequences, device=state_buf.device)
         for start in range(0, args.num_sequences, sequences_per_minibatch):
             idx = permutation[start : start + sequences_per_minibatch]
-            loss, stats = ppo_loss(
-                agent, s_obs[:, idx], s_actions[:, idx], s_states[idx], s_starts[:, idx], s_logprobs[:, idx],
-                s_advantages[:, idx], s_returns[:, idx], s_values[:, idx], args,
-            )
+            # index_select, not x[:, idx]: the same sequences, at a quarter of advanced indexing's cost on the CPU
+            obs, starts, actions, logprobs, values, advantages, returns = (x.index_select(1, idx) for x in sequences)
+            loss, stats = ppo_loss(agent, obs, actions, s_states.index_select(0, idx), starts, logprobs, advantages,
+                                   returns, values, args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             # torchrun: every process steps with the mean gradient and, for the adaptive rate and the early stop,
