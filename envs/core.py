@@ -1,8 +1,8 @@
 """The batched torch-tensor interface over Gymnasium vector environments.
 
-`GymnasiumVecEnv` adapts any Gymnasium id (`gym.make_vec` with same-step autoreset) to the contract
-in DESIGN.md §3 (its raw episode statistics in numpy); `EpisodeTracker` keeps them in torch for the natively
-batched tasks.
+`GymnasiumVecEnv` adapts any Gymnasium id (`gym.make_vec` with same-step autoreset; in sync mode it steps the
+vector env's sub-envs itself) to the contract in DESIGN.md §3 (its raw episode statistics in numpy);
+`EpisodeTracker` keeps them in torch for the natively batched tasks.
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ def _wrapper_chain(env: gym.Env) -> list[gym.Env]:
 class GymnasiumVecEnv:
     """Any Gymnasium id as a batch of envs that takes and returns torch tensors on `device`.
 
-    Gymnasium's same-step autoreset already returns the first observation of the next episode;
-    this adapter turns its per-env `final_obs` objects into one dense tensor (rows of envs that did
-    not finish equal `obs`), tracks raw episode statistics, and truncates-and-resets any env whose
+    Same-step autoreset (Gymnasium's, or in sync mode the same loop run here) returns the first observation of the
+    next episode; the true last observations go into one dense `final_obs` tensor (rows of envs that did not finish
+    equal `obs`). The adapter also tracks raw episode statistics, and truncates-and-resets any env whose
     observation or reward stops being finite or exceeds `max_abs_value` in magnitude (a MuJoCo blow-up)
     instead of failing the batch (None: only non-finite values count).
     """

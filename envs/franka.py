@@ -99,7 +99,7 @@ class FrankaArmVecEnv(GenesisVecEnv):
         qpos[:, :NUM_ARM_JOINTS] += self._uniform(n, -noise, noise)
         qpos[:, :NUM_ARM_JOINTS] = qpos[:, :NUM_ARM_JOINTS].clamp(self.arm_lower, self.arm_upper)
         qpos[:, NUM_ARM_JOINTS:] = self._finger_command()[envs_idx]
-        self.robot.set_dofs_position(qpos, envs_idx=envs_idx, zero_velocity=True)
+        self.robot.set_qpos(qpos, envs_idx=envs_idx, zero_velocity=True)
         self.robot.control_dofs_position(qpos, envs_idx=envs_idx)
         self.arm_target[envs_idx] = qpos[:, :NUM_ARM_JOINTS]
         self.prev_action[envs_idx] = 0.0
