@@ -1,4 +1,4 @@
-"""benchmarks/report.py: the reducer and the report, on small synthetic event files (no training, no timing)."""
+"""benchmarks/: the report's reducer on small synthetic event files, the runners and the side-by-side parsers, the update timer on a tiny batch (no training runs, no timing assertions)."""
 
 import json
 import os
@@ -158,3 +158,19 @@ def test_rsl_rl_side_by_side_reports_the_first_crossing_and_any_dip_after_it():
     assert summary["seconds_per_iteration"] == pytest.approx(3.0)
     never = summarise([dict(row, success_rate=0.5) for row in rows], target=0.95)
     assert np.isnan(never["steps"]) and np.isnan(never["min_after"]) and never["final"] == 0.5
+
+
+def test_update_throughput_runs_each_scripts_own_update_on_the_batch_asked_for():
+    """Bugs: the update benchmark falling out of step with a script's update() signature or batch layout (it
+    raises), or timing another batch than the one asked for (its row names the batch and the minibatch steps)."""
+    from benchmarks import update_throughput
+
+    scripts = ["ppo_continuous", "ppo_recurrent", "ppo_transformer"]
+    small = dict(num_envs=2, num_steps=64, num_minibatches=2, update_epochs=3)
+    table = update_throughput.main(update_throughput.Args(env_id="Pendulum-v1", scripts=scripts, repeats=1,
+                                                          overrides=small))
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ppo")]
+    assert [row[0].strip() for row in rows] == [f"{s}.py" for s in scripts]
+    for row in rows:
+        assert row[1].strip() == "2 x 64" and int(row[2]) == 3 * 2  # the overrides, not the preset's 4 x 1024
+        assert float(row[3]) > 0 and float(row[4]) > 0
