@@ -1,4 +1,5 @@
-"""benchmarks/: the report's reducer on small synthetic event files, the runners and the side-by-side parsers, the update timer on a tiny batch (no training runs, no timing assertions)."""
+"""benchmarks/: the report's reducer on small synthetic event files, the runners, the side-by-side parsers and the
+update timer on a tiny batch (no training runs, no timing assertions)."""
 
 import json
 import os
