@@ -773,7 +773,7 @@ def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, batch: tup
         permutation = torch.randperm(args.batch_size, device=batch[0].device)
         for start in range(0, args.batch_size, args.minibatch_size):
             idx = permutation[start : start + args.minibatch_size]
-            # index_select, not x[idx]: the same rows, at a quarter of advanced indexing's cost on the CPU
+            # index_select, not x[idx]: the same rows at a third to a quarter of the cost on the CPU
             loss, stats = ppo_loss(agent, *(x.index_select(0, idx) for x in batch), args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

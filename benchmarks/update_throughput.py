@@ -55,7 +55,7 @@ def task_spaces(env_id: str) -> tuple[gym.spaces.Box, gym.spaces.Box]:
 
 
 def synthetic_update(module, args, obs_space, action_space, episode_length: int):
-    """(agent, optimizer, a no-argument call of the script's `update()` on one synthetic rollout)."""
+    """A no-argument call of the script's `update()` on one synthetic rollout (agent and optimizer made here)."""
     T, N = args.num_steps, args.num_envs
     obs = torch.randn(T, N, obs_space.shape[0])
     actions = torch.randn(T, N, action_space.shape[0])
@@ -68,26 +68,26 @@ def synthetic_update(module, args, obs_space, action_space, episode_length: int)
             _, logprobs, _, values, _ = agent.get_action_and_value(obs, state_buf[0], starts, actions)
         optimizer = module.make_optimizer(agent, args)
         rollout = (obs, starts, actions, logprobs, values, advantages, returns)
-        return agent, lambda: module.update(agent, optimizer, rollout, state_buf, args)
+        return lambda: module.update(agent, optimizer, rollout, state_buf, args)
     if hasattr(module, "TransformerAgent"):
         agent = module.TransformerAgent(args, obs_space, action_space)
         # every step's window of K observations, all valid: attention costs the same whatever the mask
         K = args.context_len
         windows = torch.randn(T * N, K, obs_space.shape[0])
         valid = torch.ones(T * N, K, dtype=torch.bool)
-        flat = (actions.flatten(0, 1),)
+        flat_actions = actions.flatten(0, 1)
         with torch.no_grad():
-            _, logprobs, _, values = agent.get_action_and_value(windows, valid, *flat)
+            _, logprobs, _, values = agent.get_action_and_value(windows, valid, flat_actions)
         optimizer = module.make_optimizer(agent, args)
-        batch = (windows, valid, flat[0], logprobs, advantages.flatten(), returns.flatten(), values)
-        return agent, lambda: module.update(agent, optimizer, batch, args)
+        batch = (windows, valid, flat_actions, logprobs, advantages.flatten(), returns.flatten(), values)
+        return lambda: module.update(agent, optimizer, batch, args)
     agent = module.Agent(args, obs_space, action_space)
     flat_obs, flat_actions = obs.flatten(0, 1), actions.flatten(0, 1)
     with torch.no_grad():
         _, logprobs, _, values = agent.get_action_and_value(flat_obs, flat_actions)
     optimizer = module.make_optimizer(agent, args)
     batch = (flat_obs, flat_actions, logprobs, advantages.flatten(), returns.flatten(), values)
-    return agent, lambda: module.update(agent, optimizer, module.ppo_loss, batch, args)
+    return lambda: module.update(agent, optimizer, module.ppo_loss, batch, args)
 
 
 def measure(script: str, args: Args, obs_space, action_space) -> dict:
@@ -97,7 +97,7 @@ def measure(script: str, args: Args, obs_space, action_space) -> dict:
     torch.set_num_threads(train_args.update_threads or threads)
     try:
         torch.manual_seed(0)
-        _, run_update = synthetic_update(module, train_args, obs_space, action_space, args.episode_length)
+        run_update = synthetic_update(module, train_args, obs_space, action_space, args.episode_length)
         run_update()  # warm-up: allocations, the first kernel launches
         seconds = []
         for _ in range(args.repeats):
