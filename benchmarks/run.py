@@ -60,6 +60,10 @@ PRESETS = {
                    for script in ("ppo_continuous.py", "ppo_recurrent.py", "ppo_transformer.py")]
     + [("ppo_transformer.py", "FrankaReachCue-v0", (1,), 3_000_000,
         ["--context-len", "1", "--num-tokens", "4", "--token-dim", "16", "--num-heads", "2"], "tokens")],
+    # Issue 15: memory on the cube, the three scripts' presets on FrankaPushCubeRandom-v0 (unobserved cube mass and
+    # friction) at one budget; seed by seed, so that a stopped session leaves whole seeds (runs resume).
+    "push_memory": [(script, "FrankaPushCubeRandom-v0", (seed,), 2_000_000, []) for seed in (1, 2, 3)
+                    for script in ("ppo_continuous.py", "ppo_recurrent.py", "ppo_transformer.py")],
     # The transformer's stability flags, one changed at a time from the defaults.
     "ablation": [("ppo_transformer.py", "MemoryCue-v0", (1, 2, 3), 16_384, LONG_CUE + flags, f"ablation_{name}".rstrip("_"))
                  for name, flags in ABLATION.items()],
@@ -68,8 +72,8 @@ PRESETS = {
 
 @dataclass
 class Args:
-    preset: Literal["quick", "full", "memory", "ablation", "bipedal", "go2", "go2_memory", "arm_memory"] = "quick"
-    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags), bipedal (BipedalWalker-v3 preset), go2 / go2_memory (the quadruped; its NoVel variant, three scripts), arm_memory (FrankaReachCue-v0, three scripts)"""
+    preset: Literal["quick", "full", "memory", "ablation", "bipedal", "go2", "go2_memory", "arm_memory", "push_memory"] = "quick"
+    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags), bipedal (BipedalWalker-v3 preset), go2 / go2_memory (the quadruped; its NoVel variant, three scripts), arm_memory (FrankaReachCue-v0, three scripts), push_memory (FrankaPushCubeRandom-v0, three scripts)"""
     jobs: int = os.cpu_count() or 1
     """runs at once (no more than there are cores)"""
     exp_name: str | None = None
