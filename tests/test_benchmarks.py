@@ -1,6 +1,7 @@
 """benchmarks/: the report's reducer on small synthetic event files, the runners, the side-by-side parsers and the
 update timer on a tiny batch (no training runs, no timing assertions)."""
 
+import glob
 import json
 import os
 
@@ -133,6 +134,48 @@ def test_eval_compare_reduces_each_experiments_last_checkpoints_over_seeds_and_c
     assert len(evaluated) == 10 and os.path.isfile(tmp_path / "out" / "cmp.png")
     eval_compare.main(args)
     assert len(evaluated) == 10  # all from the runs' caches
+
+
+def test_eval_bins_evaluates_each_runs_last_checkpoint_with_each_bins_ranges_and_leaves_it_unchanged(tmp_path,
+                                                                                                   monkeypatch):
+    """Bugs: a bin's ranges never reaching the evaluated checkpoint (every bin the same, the memory effect invisible),
+    the run's own checkpoint overwritten with the narrowed ranges, an earlier checkpoint than the last, the temporary
+    copy left beside the run, or every bin evaluated again on a rerun."""
+    import torch
+
+    from benchmarks import eval_bins
+
+    evaluated = []
+
+    class FakeScript:  # success = the bin's lower mass bound + seed / 100; the checkpoint's step as return
+        @staticmethod
+        def evaluate(path, episodes, device, sim_device):
+            checkpoint = torch.load(path)
+            evaluated.append(path)
+            seed = int(path.split("__")[-2])
+            return {"episodes": episodes, "mean_return": float(checkpoint["global_step"]),
+                    "success_rate": checkpoint["args"]["env_kwargs"]["mass"][0] + seed / 100}
+
+    bins = {"light": {"mass": [0.1, 0.2]}, "heavy": {"mass": [0.5, 1.0]}}
+    monkeypatch.setitem(eval_bins.BINS, "Rand-v0", bins)
+    monkeypatch.setattr(eval_bins, "script_module", lambda saved_args: FakeScript)
+    saved_args = {"env_kwargs": {"mass": [0.0, 1.0], "other": 3}}
+    for seed in (1, 2):
+        run = fake_run(tmp_path, "Rand-v0", seed, [0.0], exp="push")
+        for iteration, step in ((50, 1000), (81, 2000)):
+            torch.save({"global_step": step, "args": saved_args}, os.path.join(run, f"checkpoint_{iteration:06d}.pt"))
+    args = eval_bins.Args(env_id="Rand-v0", exp_names=("push",), episodes=7, runs_dir=str(tmp_path),
+                          out_dir=str(tmp_path / "out"), stem="bins")
+    text = eval_bins.main(args)
+    # light: 0.1 + seed/100 -> 11%, 12%; heavy: 51%, 52%; both at the last checkpoint's 2,000 steps
+    assert "| push | ppo_continuous.py | 2 | 2,000 | **11.5% ± 0.5%** (11.0%, 12.0%) | **51.5% ± 0.5%** (51.0%, 52.0%) |" in text
+    assert len(evaluated) == 4
+    for run in glob.glob(os.path.join(tmp_path, "Rand-v0__push__*")):
+        assert torch.load(os.path.join(run, "checkpoint_000081.pt"))["args"] == saved_args
+        assert sorted(os.listdir(run)) == sorted(["args.json", "checkpoint_000050.pt", "checkpoint_000081.pt",
+                                                  "eval_bins_7.json", *[f for f in os.listdir(run) if "tfevents" in f]])
+    eval_bins.main(args)
+    assert len(evaluated) == 4  # all from the runs' caches
 
 
 def test_cleanrl_per_iteration_rates_come_from_its_cumulative_prints():
