@@ -100,6 +100,9 @@ def main(args: Args) -> str:
                                  bins=evaluate_bins(run_dir, script_module(saved), bins, args.episodes)))
         if runs:
             groups[exp_name] = sorted(runs, key=lambda r: r["seed"])
+    if not groups:
+        raise SystemExit(f"error: no runs of --exp-names {' '.join(args.exp_names)} on {args.env_id} with a periodic "
+                         f"checkpoint under --runs-dir {args.runs_dir}; train them first (benchmarks/run.py)")
     metrics = [m for m in ("success_rate", "success_once")
                if all(m in r["bins"][b] for runs in groups.values() for r in runs for b in bins)]
 
