@@ -177,7 +177,8 @@ def test_eval_bins_evaluates_each_runs_last_checkpoint_with_each_bins_ranges_and
     eval_bins.main(args)
     assert len(evaluated) == 4  # all from the runs' caches
     with pytest.raises(SystemExit, match="no runs of --exp-names pusher"):  # a misspelt name: not an empty table
-        eval_bins.main(eval_bins.Args(env_id="Rand-v0", exp_names=("pusher",), runs_dir=str(tmp_path)))
+        eval_bins.main(eval_bins.Args(env_id="Rand-v0", exp_names=("pusher",), runs_dir=str(tmp_path),
+                                      out_dir=str(tmp_path / "out")))
 
 
 def test_cleanrl_per_iteration_rates_come_from_its_cumulative_prints():
