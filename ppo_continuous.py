@@ -209,9 +209,9 @@ PRESETS["PendulumNoVel-v1"] = {**PRESETS["Pendulum-v1"], "total_timesteps": 300_
 # Genesis's locomotion example (rsl_rl's settings, as the arm's) with its entropy bonus and ~10M-step budget, and
 # 128x128 networks: 6% slower than 64x64 on 2 CPU cores at 1024 envs, where its 512-256-128 halves the SPS (GPU
 # runs: --hidden-sizes 512 256 128 --num-envs 4096, as the example).
-PRESETS["Go2Walk-v0"] = PRESETS["Go2WalkNoVel-v0"] = dict(update_epochs=5, ent_coef=0.01, total_timesteps=10_000_000,
-                                                          hidden_sizes=(128, 128), norm_adv_per_minibatch=True,
-                                                          norm_reward=True)
+PRESETS["Go2Walk-v0"] = PRESETS["Go2WalkNoVel-v0"] = PRESETS["Go2WalkNoVelAll-v0"] = dict(
+    update_epochs=5, ent_coef=0.01, total_timesteps=10_000_000, hidden_sizes=(128, 128), norm_adv_per_minibatch=True,
+    norm_reward=True)
 
 
 def task_args(env_id: str, **flags) -> Args:

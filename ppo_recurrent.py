@@ -205,7 +205,8 @@ PRESETS["FrankaReachCue-v0"] = dict(num_envs=256, num_steps=100)  # bptt_len 0: 
 PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = PRESETS["FrankaPickCube-v0"] = dict(
     gamma=0.8, gae_lambda=0.9, total_timesteps=10_000_000)
 # Genesis's locomotion example (rsl_rl's settings, as the arm's) with its entropy bonus and ~10M-step budget.
-PRESETS["Go2Walk-v0"] = PRESETS["Go2WalkNoVel-v0"] = dict(ent_coef=0.01, total_timesteps=10_000_000)
+PRESETS["Go2Walk-v0"] = PRESETS["Go2WalkNoVel-v0"] = PRESETS["Go2WalkNoVelAll-v0"] = dict(
+    ent_coef=0.01, total_timesteps=10_000_000)
 
 
 def task_args(env_id: str, **flags) -> Args:

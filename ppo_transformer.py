@@ -213,7 +213,8 @@ PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = PRESETS["Fra
 # the base's velocities, attention over the last 8 steps (0.16 s, about a third of a stride) to infer them, one token
 # of 32 per step (4 tokens per step ran at 1,416 steps/s on 2 CPU cores, one token at 1,951).
 PRESETS["Go2Walk-v0"] = dict(ent_coef=0.01, total_timesteps=10_000_000)
-PRESETS["Go2WalkNoVel-v0"] = dict(PRESETS["Go2Walk-v0"], context_len=8, num_tokens=1, token_dim=32)
+PRESETS["Go2WalkNoVel-v0"] = PRESETS["Go2WalkNoVelAll-v0"] = dict(PRESETS["Go2Walk-v0"], context_len=8, num_tokens=1,
+                                                                 token_dim=32)
 # The arm's memory tasks in history mode, one token of 32 per step: 16 steps cover the cue of FrankaReachCue-v0 for
 # 11 steps after it is hidden (then only the arm's own motion carries it), and the critic reads the transformer's
 # features, as the value depends on the hidden target; for FrankaPushCubeRandom-v0, 0.8 s of pushing to infer the

@@ -13,6 +13,8 @@ from the example, and why:
   it): the 48 observations of legged_gym and rsl_rl's locomotion tasks, where the example keeps 45. The
   memory variant `Go2WalkNoVel-v0` then hides what a robot without a velocity estimator lacks: the base's
   linear and angular velocity (42 observations), which a policy with memory can infer from its joints.
+  `Go2WalkNoVelAll-v0` hides the joint velocities too (30 observations: gravity, commands, joint positions, last
+  action): a speed must then come from how the joint positions change over steps, which only memory can see.
 - Commands span 0 to 1 m/s forward and -0.5 to 0.5 rad/s of yaw (the example fixes 0.5 m/s forward): with one
   command the "commands" in the observation are a constant and tracking a speed means walking one gait.
 - Falling (roll or pitch beyond the limit) terminates; the time limit truncates (the example reports both as
@@ -36,6 +38,9 @@ DEFAULT_JOINT_ANGLES = {"hip": 0.0, "F_thigh": 0.8, "R_thigh": 1.0, "calf": -1.5
 BASE_INIT_POS = (0.0, 0.0, 0.42)
 OBS_SCALES = {"lin_vel": 2.0, "ang_vel": 0.25, "dof_pos": 1.0, "dof_vel": 0.05}
 NUM_JOINTS = len(JOINT_NAMES)
+# The observation's blocks in order, with their widths; the variants leave some out.
+OBS_LAYOUT = (("base_lin_vel", 3), ("base_ang_vel", 3), ("projected_gravity", 3), ("commands", 3),
+              ("dof_pos", NUM_JOINTS), ("dof_vel", NUM_JOINTS), ("last_action", NUM_JOINTS))
 
 
 def default_angle(joint: str) -> float:
@@ -76,6 +81,7 @@ class Go2WalkVecEnv(GenesisVecEnv):
         action_rate_weight: float = 0.005,
         similar_to_default_weight: float = 0.1,
         observe_base_velocity: bool = True,
+        observe_joint_velocity: bool = True,
         stagger_episodes: bool = True,
         max_abs_value: float | None = MAX_ABS_VALUE,
         render_mode: str | None = None,
@@ -89,9 +95,12 @@ class Go2WalkVecEnv(GenesisVecEnv):
                                   ("ang_vel_range", ang_vel_range)):
             if not low <= high:
                 raise ValueError(f"{name} must be (low, high) with low <= high, got {(low, high)!r}")
-        # Go2WalkNoVel-v0 drops the base's linear and angular velocity (the first 6 entries).
-        self.observe_base_velocity = observe_base_velocity
-        obs_dim = 12 + 3 * NUM_JOINTS if observe_base_velocity else 6 + 3 * NUM_JOINTS
+        # Go2WalkNoVel-v0 drops the base's linear and angular velocity (the first 6 entries), Go2WalkNoVelAll-v0
+        # the joint velocities as well.
+        hidden = ({"base_lin_vel", "base_ang_vel"} if not observe_base_velocity else set()) | (
+            {"dof_vel"} if not observe_joint_velocity else set())
+        self.observed = tuple(name for name, _ in OBS_LAYOUT if name not in hidden)
+        obs_dim = sum(width for name, width in OBS_LAYOUT if name not in hidden)
         super().__init__(num_envs, seed, device, sim_device, max_episode_steps, 1, obs_dim, clip_actions,
                          NUM_JOINTS, stagger_episodes, max_abs_value, render_mode)
         self.dt = dt
@@ -167,16 +176,16 @@ class Go2WalkVecEnv(GenesisVecEnv):
         self.dof_vel = self.robot.get_dofs_velocity(self.motor_dofs)
 
     def _observe(self) -> torch.Tensor:
-        parts = [
-            self.base_lin_vel * OBS_SCALES["lin_vel"],
-            self.base_ang_vel * OBS_SCALES["ang_vel"],
-            self.projected_gravity,
-            self.commands * self.command_scale,
-            (self.dof_pos - self.default_dof_pos) * OBS_SCALES["dof_pos"],
-            self.dof_vel * OBS_SCALES["dof_vel"],
-            self.last_action,
-        ]
-        return torch.cat(parts if self.observe_base_velocity else parts[2:], dim=-1)
+        blocks = {
+            "base_lin_vel": self.base_lin_vel * OBS_SCALES["lin_vel"],
+            "base_ang_vel": self.base_ang_vel * OBS_SCALES["ang_vel"],
+            "projected_gravity": self.projected_gravity,
+            "commands": self.commands * self.command_scale,
+            "dof_pos": (self.dof_pos - self.default_dof_pos) * OBS_SCALES["dof_pos"],
+            "dof_vel": self.dof_vel * OBS_SCALES["dof_vel"],
+            "last_action": self.last_action,
+        }
+        return torch.cat([blocks[name] for name in self.observed], dim=-1)
 
     def _evaluate(self, action: torch.Tensor):
         lin_vel_error_sq = (self.commands[:, :2] - self.base_lin_vel[:, :2]).square().sum(-1)
