@@ -1,4 +1,4 @@
-"""The envs/ contract and the task's documented details on Go2Walk-v0 and Go2WalkNoVel-v0 (CPU backend, a few envs).
+"""The envs/ contract and the task's documented details on Go2Walk-v0 and its variants (CPU backend, a few envs).
 
 Scene builds take seconds, so the scenes are module fixtures; each test starts from its own seeded reset.
 """
@@ -33,6 +33,13 @@ def batch():
 @pytest.fixture(scope="module")
 def novel():
     vec = envs.make("Go2WalkNoVel-v0", num_envs=4, seed=0, max_episode_steps=EPISODE, **CPU)
+    yield vec
+    vec.close()
+
+
+@pytest.fixture(scope="module")
+def novelall():
+    vec = envs.make("Go2WalkNoVelAll-v0", num_envs=4, seed=0, max_episode_steps=EPISODE, **CPU)
     yield vec
     vec.close()
 
@@ -101,14 +108,22 @@ def test_observation_layout_and_scales_match_the_simulator_state(batch):
     assert obs[:, 0:6].abs().max() > 1e-2  # the robots move: the velocity entries are not trivially zero
 
 
-def test_novel_variant_hides_exactly_the_base_velocities(batch, novel):
-    """Bug: the memory variant leaks a base velocity (or drops a joint entry) and no longer needs memory."""
-    assert novel.single_observation_space.shape == (42,)
+# The entries of Go2Walk-v0's 48 each variant keeps (the README's table): NoVel drops the base velocities (0-5),
+# NoVelAll the joint velocities (24-35) as well.
+KEPT = {"novel": [*range(6, 48)], "novelall": [*range(6, 24), *range(36, 48)]}
+
+
+@pytest.mark.parametrize("variant", KEPT)
+def test_velocity_variants_hide_exactly_the_documented_entries(batch, variant, request):
+    """Bug: a memory variant leaks a velocity (or drops a position entry) and no longer needs memory."""
+    hidden = request.getfixturevalue(variant)
+    kept = KEPT[variant]
+    assert hidden.single_observation_space.shape == (len(kept),)
     full_obs, _ = batch.reset(seed=2)
-    novel_obs, _ = novel.reset(seed=2)
+    hidden_obs, _ = hidden.reset(seed=2)
     for action in actions(4, 4, seed=2):
-        torch.testing.assert_close(novel_obs, full_obs[:, 6:], atol=1e-5, rtol=1e-5)
-        full_obs, novel_obs = batch.step(action)[0], novel.step(action)[0]
+        torch.testing.assert_close(hidden_obs, full_obs[:, kept], atol=1e-5, rtol=1e-5)
+        full_obs, hidden_obs = batch.step(action)[0], hidden.step(action)[0]
 
 
 def test_actions_act_one_step_late_as_on_the_robot(either):
