@@ -54,8 +54,8 @@ PRESETS = {
     "go2": [("ppo_continuous.py", "Go2Walk-v0", (1,), 10_000_000, [])],
     "go2_memory": [(script, "Go2WalkNoVel-v0", (1,), 10_000_000, [])
                    for script in ("ppo_recurrent.py", "ppo_continuous.py", "ppo_transformer.py")],
-    # Issue 14's follow-up: every velocity hidden (base and joints), the GRU against the memoryless MLP, 5M steps.
-    "go2_novelall": [(script, "Go2WalkNoVelAll-v0", (1,), 5_000_000, [])
+    # Issue 14's follow-up: every velocity hidden (base and joints), the GRU against the memoryless MLP, 10M steps.
+    "go2_novelall": [(script, "Go2WalkNoVelAll-v0", (1,), 10_000_000, [])
                      for script in ("ppo_recurrent.py", "ppo_continuous.py")],
     # Issue 15: memory on the arm, the three scripts' presets on FrankaReachCue-v0 (target seen in the first 5 of 100
     # steps) at one budget, and the transformer's token mode (4 tokens of the current observation, no history).
