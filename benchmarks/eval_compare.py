@@ -6,9 +6,12 @@ then mean ± std over seeds.
     python benchmarks/eval_compare.py --env-id FrankaReachCue-v0 \\
         --exp-names mem mem_recurrent mem_transformer mem_transformer_tokens --stem franka_reachcue_memory
 
-Writes <stem>.md (the last checkpoint of each run: success at the end, success at any step where the task
-reports it, and return, per seed and mean ± std) and <stem>.png (those against environment steps, each seed
-thin, the mean thick). Evaluations are cached in the run directories, so a rerun only evaluates new checkpoints.
+    python benchmarks/eval_compare.py --env-id Go2WalkNoVelAll-v0 --exp-names novelall_recurrent novelall \\
+        --episodes 200 --stem go2walknovelall_memory --out-dir benchmarks/results/go2
+
+Writes <stem>.md (the last checkpoint of each run: success at the end and at any step, or the tracking errors and
+fall rate, where the task reports them, and return; per seed and mean ± std) and <stem>.png (those against
+environment steps, each seed thin, the mean thick). Evaluations are cached in the run directories, so a rerun only evaluates new checkpoints.
 """
 
 from __future__ import annotations
@@ -32,7 +35,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.eval_curve import evaluate_checkpoints, wall_seconds  # noqa: E402
 from benchmarks.report import script_of  # noqa: E402
 
-METRICS = {"success_rate": "success at the end", "success_once": "success at any step", "mean_return": "return"}
+# What the table and the plot show, where the task reports it (the arm's success; the quadruped's tracking and falls).
+METRICS = {"success_rate": "success at the end", "success_once": "success at any step",
+           "lin_vel_error": "lin. velocity error (m/s)", "ang_vel_error": "yaw-rate error (rad/s)",
+           "fell": "fall rate", "mean_return": "return"}
+PERCENT = ("success_rate", "success_once", "fell")
 
 
 @dataclass
@@ -66,7 +73,9 @@ def wall_minutes(run_dir: str) -> float:
 
 
 def fmt(value: float, metric: str) -> str:
-    return f"{100 * value:.1f}%" if metric.startswith("success") else f"{value:.1f}"
+    if metric in PERCENT:
+        return f"{100 * value:.1f}%"
+    return f"{value:.3f}" if metric.endswith("_error") else f"{value:.1f}"
 
 
 def mean_std(values: list[float], metric: str = "") -> str:

@@ -24,6 +24,15 @@ def fake_run(root, env_id, seed, returns, steps_per_episode=1000, total=1_000_00
     return path
 
 
+def add_timing(run):
+    """The timing scalars eval_compare reads a run's wall time from: one minute between steps 1,000 and 2,000."""
+    writer = SummaryWriter(run)
+    for name, value in (("charts/SPS", 100.0), ("time/rollout_s", 1.0), ("time/update_s", 1.0)):
+        writer.add_scalar(name, value, 1000, walltime=1000.0)
+    writer.add_scalar("charts/SPS", 100.0, 2000, walltime=1060.0)
+    writer.close()
+
+
 def test_final_return_is_the_mean_of_the_last_100_episodes(tmp_path):
     """Bug: reducing over all episodes, the last iteration only, or the wrong end of the run."""
     returns = list(range(250))  # last 100 episodes: 150..249
@@ -116,11 +125,7 @@ def test_eval_compare_reduces_each_experiments_last_checkpoints_over_seeds_and_c
     for exp, seeds in (("mem", (1, 2)), ("mem_gru", (1, 2, 3))):
         for seed in seeds:
             run = fake_run(tmp_path, "Cue-v0", seed, [0.0], exp=exp)
-            writer = SummaryWriter(run)
-            for name, value in (("charts/SPS", 100.0), ("time/rollout_s", 1.0), ("time/update_s", 1.0)):
-                writer.add_scalar(name, value, 1000, walltime=1000.0)
-            writer.add_scalar("charts/SPS", 100.0, 2000, walltime=1060.0)
-            writer.close()
+            add_timing(run)
             for iteration, step in ((50, 1000), (100, 2000)):
                 torch.save({"global_step": step}, os.path.join(run, f"checkpoint_{iteration:06d}.pt"))
     args = eval_compare.Args(env_id="Cue-v0", exp_names=("mem", "mem_gru"), episodes=7, runs_dir=str(tmp_path),
@@ -134,6 +139,32 @@ def test_eval_compare_reduces_each_experiments_last_checkpoints_over_seeds_and_c
     assert len(evaluated) == 10 and os.path.isfile(tmp_path / "out" / "cmp.png")
     eval_compare.main(args)
     assert len(evaluated) == 10  # all from the runs' caches
+
+
+def test_eval_compare_reports_the_quadrupeds_tracking_errors_and_falls_not_only_its_return(tmp_path, monkeypatch):
+    """Bugs: a task without a success rate compared by its return alone (the tracking error, the issue's bar, missing
+    from the table), or an error in m/s printed as a percentage or rounded to 0.1 (0.046 and 0.051 read as one)."""
+    import torch
+
+    from benchmarks import eval_compare
+
+    class FakeScript:  # the lin. error falls with the seed; one episode in 200 falls
+        @staticmethod
+        def evaluate(path, episodes, device, sim_device):
+            seed = int(path.split("__")[-2])
+            return {"episodes": episodes, "mean_return": 20.0, "mean_length": 1000.0, "lin_vel_error": 0.05 - seed / 1000,
+                    "ang_vel_error": 0.08, "fell": 0.005}
+
+    monkeypatch.setattr(eval_compare, "script_module", lambda saved_args: FakeScript)
+    for seed in (1, 2):
+        run = fake_run(tmp_path, "Walk-v0", seed, [0.0], exp="gru")
+        add_timing(run)
+        torch.save({"global_step": 2000}, os.path.join(run, "checkpoint_000050.pt"))
+    text = eval_compare.main(eval_compare.Args(env_id="Walk-v0", exp_names=("gru",), episodes=7, runs_dir=str(tmp_path),
+                                               out_dir=str(tmp_path / "out"), stem="cmp"))
+    header = next(line for line in text.splitlines() if line.startswith("| experiment"))
+    assert "lin. velocity error (m/s)" in header and "yaw-rate error" in header and "fall rate" in header
+    assert "**0.049 ± 0.001** (0.049, 0.048)" in text and "**0.5% ± 0.0%**" in text and "**0.080 ± 0.000**" in text
 
 
 def test_eval_bins_evaluates_each_runs_last_checkpoint_with_each_bins_ranges_and_leaves_it_unchanged(tmp_path,
