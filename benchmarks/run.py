@@ -54,9 +54,11 @@ PRESETS = {
     "go2": [("ppo_continuous.py", "Go2Walk-v0", (1,), 10_000_000, [])],
     "go2_memory": [(script, "Go2WalkNoVel-v0", (1,), 10_000_000, [])
                    for script in ("ppo_recurrent.py", "ppo_continuous.py", "ppo_transformer.py")],
-    # Issue 14's follow-up: every velocity hidden (base and joints), the GRU against the memoryless MLP, 10M steps.
+    # Issue 14's follow-up: every velocity hidden (base and joints), the GRU against the memoryless MLP at 10M steps,
+    # and the transformer (the last 8 steps) at the 5M one session's machine time allows beside them.
     "go2_novelall": [(script, "Go2WalkNoVelAll-v0", (1,), 10_000_000, [])
-                     for script in ("ppo_recurrent.py", "ppo_continuous.py")],
+                     for script in ("ppo_recurrent.py", "ppo_continuous.py")]
+    + [("ppo_transformer.py", "Go2WalkNoVelAll-v0", (1,), 5_000_000, [])],
     # Issue 15: memory on the arm, the three scripts' presets on FrankaReachCue-v0 (target seen in the first 5 of 100
     # steps) at one budget, and the transformer's token mode (4 tokens of the current observation, no history).
     "arm_memory": [(script, "FrankaReachCue-v0", (seed,), 3_000_000, []) for seed in (1, 2, 3)
@@ -77,7 +79,7 @@ PRESETS = {
 class Args:
     preset: Literal["quick", "full", "memory", "ablation", "bipedal", "go2", "go2_memory", "go2_novelall", "arm_memory",
                     "push_memory"] = "quick"
-    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags), bipedal (BipedalWalker-v3 preset), go2 / go2_memory / go2_novelall (the quadruped; its NoVel variant, three scripts; every velocity hidden, GRU and MLP), arm_memory (FrankaReachCue-v0, three scripts), push_memory (FrankaPushCubeRandom-v0, three scripts)"""
+    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags), bipedal (BipedalWalker-v3 preset), go2 / go2_memory / go2_novelall (the quadruped; its NoVel variant, three scripts; every velocity hidden, three scripts), arm_memory (FrankaReachCue-v0, three scripts), push_memory (FrankaPushCubeRandom-v0, three scripts)"""
     jobs: int = os.cpu_count() or 1
     """runs at once (no more than there are cores)"""
     exp_name: str | None = None
