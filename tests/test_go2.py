@@ -240,7 +240,7 @@ def test_state_dict_resumes_the_same_trajectory(either):
     for action in actions(4, 3, seed=10):
         either.step(action)
     check_resume(either, lambda: envs.make("Go2Walk-v0", num_envs=4, seed=99, max_episode_steps=EPISODE,
-                                           observe_base_velocity=either.observe_base_velocity, **CPU),
+                                           observe_base_velocity="base_lin_vel" in either.observed, **CPU),
                  actions(4, 2, seed=11), atol=1e-5)
 
 
