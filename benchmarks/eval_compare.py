@@ -11,7 +11,8 @@ then mean ± std over seeds.
 
 Writes <stem>.md (the last checkpoint of each run: success at the end and at any step, or the tracking errors and
 fall rate, where the task reports them, and return; per seed and mean ± std) and <stem>.png (those against
-environment steps, each seed thin, the mean thick). Evaluations are cached in the run directories, so a rerun only evaluates new checkpoints.
+environment steps, each seed thin, the mean thick). Evaluations are cached in the run directories, so a rerun
+only evaluates new checkpoints.
 """
 
 from __future__ import annotations

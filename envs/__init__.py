@@ -9,8 +9,9 @@ Any Gymnasium id works (MuJoCo, classic control, Box2D), plus the partially obse
 `envs.partial` (`PendulumNoVel-v1`, `HalfCheetahNoVel-v5`, `HalfCheetah-P-v5`, ...) and the Genesis
 arm tasks `FrankaReach-v0`, `FrankaReachNoVel-v0` (velocities hidden) and `FrankaReachCue-v0` (target seen
 only at first) (`envs.franka`), `FrankaPushCube-v0`, `FrankaPushCubeRandom-v0` (unobserved mass and friction)
-and `FrankaPickCube-v0` (`envs.franka_cube`), the quadruped
-`Go2Walk-v0`, `Go2WalkNoVel-v0` (base velocities hidden) and `Go2WalkNoVelAll-v0` (joint velocities too) (`envs.go2`), and the memory task `MemoryCue-v0` (`envs.memory`). Importing this package registers them with Gymnasium.
+and `FrankaPickCube-v0` (`envs.franka_cube`), the quadruped `Go2Walk-v0`, `Go2WalkNoVel-v0` (base velocities
+hidden) and `Go2WalkNoVelAll-v0` (joint velocities too) (`envs.go2`), and the memory task `MemoryCue-v0`
+(`envs.memory`). Importing this package registers them with Gymnasium.
 
 Nothing here knows about PPO: observation/reward normalisation and action clipping belong to the scripts.
 """

@@ -100,7 +100,7 @@ class Go2WalkVecEnv(GenesisVecEnv):
         hidden = ({"base_lin_vel", "base_ang_vel"} if not observe_base_velocity else set()) | (
             {"dof_vel"} if not observe_joint_velocity else set())
         self.observed = tuple(name for name, _ in OBS_LAYOUT if name not in hidden)
-        obs_dim = sum(width for name, width in OBS_LAYOUT if name not in hidden)
+        obs_dim = sum(dict(OBS_LAYOUT)[name] for name in self.observed)
         super().__init__(num_envs, seed, device, sim_device, max_episode_steps, 1, obs_dim, clip_actions,
                          NUM_JOINTS, stagger_episodes, max_abs_value, render_mode)
         self.dt = dt

@@ -152,8 +152,8 @@ def test_eval_compare_reports_the_quadrupeds_tracking_errors_and_falls_not_only_
         @staticmethod
         def evaluate(path, episodes, device, sim_device):
             seed = int(path.split("__")[-2])
-            return {"episodes": episodes, "mean_return": 20.0, "mean_length": 1000.0, "lin_vel_error": 0.05 - seed / 1000,
-                    "ang_vel_error": 0.08, "fell": 0.005}
+            return {"episodes": episodes, "mean_return": 20.0, "mean_length": 1000.0,
+                    "lin_vel_error": 0.05 - seed / 1000, "ang_vel_error": 0.08, "fell": 0.005}
 
     monkeypatch.setattr(eval_compare, "script_module", lambda saved_args: FakeScript)
     for seed in (1, 2):
