@@ -89,9 +89,9 @@ class Args:
     critic_learning_rate: float = 0.0
     """a learning rate of its own for the critic (0: --learning-rate); schedules scale both alike"""
     optimizer: Literal["adam", "adamw"] = "adam"
-    """Adam, or AdamW with decoupled --weight-decay"""
+    """how --weight-decay applies: adam adds it to the gradient (L2, torch's Adam); adamw decays apart (AdamW)"""
     weight_decay: float = 0.0
-    """AdamW's weight decay, on weight matrices only (not on biases or the log-std)"""
+    """weight decay on weight matrices only (not on biases or the log-std); --optimizer says how it applies"""
     num_steps: int = 24
     """steps per env per rollout"""
     gamma: float = 0.99
@@ -265,7 +265,8 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
         ("desired_kl", args.desired_kl > 0, "positive"),
         ("lr_min_fraction", 0 <= args.lr_min_fraction <= 1, "in [0, 1]"),
         ("critic_learning_rate", args.critic_learning_rate >= 0, "0 (--learning-rate) or positive"),
-        ("weight_decay", args.weight_decay == 0 or args.optimizer == "adamw", "0 with --optimizer adam (use adamw)"),
+        ("weight_decay", args.weight_decay > 0 or args.optimizer != "adamw",
+         "above 0 with --optimizer adamw (without decay AdamW is Adam; torch's AdamW default is 0.01)"),
         ("weight_decay", args.weight_decay >= 0, "0 or more"),
         ("huber_delta", args.huber_delta > 0, "positive"),
         ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
@@ -671,7 +672,8 @@ def is_weight_matrix(name: str, param: nn.Parameter) -> bool:
 
 def make_optimizer(agent: nn.Module, args: Args) -> torch.optim.Optimizer:
     """Adam or AdamW over the actor's and the critic's parameters, each group with its initial rate in
-    "initial_lr" (the schedules scale it); AdamW decays weight matrices only."""
+    "initial_lr" (the schedules scale it); weight decay on weight matrices only, as an L2 term in Adam's gradient or
+    decoupled from it in AdamW (Loshchilov and Hutter: the L2 term is scaled down where gradients are large)."""
     groups = []
     for is_critic, lr in ((False, args.learning_rate), (True, args.critic_learning_rate or args.learning_rate)):
         params = [(name, p) for name, p in agent.named_parameters() if agent.is_critic(name) == is_critic]

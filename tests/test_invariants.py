@@ -430,8 +430,9 @@ def test_critic_learning_rate_moves_the_critic_alone_at_its_own_rate(script, in_
     assert same_actor == pytest.approx(actor, rel=0.5)
 
 
-def test_adamw_decays_weight_matrices_only(script):
-    """Bugs: --weight-decay ignored, applied by Adam as an L2 term, or decaying biases and the log-std."""
+def test_weight_decay_applies_to_weight_matrices_only_decoupled_in_adamw_and_as_l2_in_adam(script):
+    """Bugs: --weight-decay ignored, applied by AdamW as an L2 term (or by Adam decoupled), or decaying biases and
+    the log-std."""
     agent = script.make_agent(init_log_std=0.5)
     with torch.no_grad():
         for name, p in agent.named_parameters():
@@ -439,7 +440,7 @@ def test_adamw_decays_weight_matrices_only(script):
                 p.fill_(0.3)  # zero biases would hide a decay applied to them
     matrices = [name for name, p in agent.named_parameters() if "weight" in name.rsplit(".", 1)[-1] and p.dim() >= 2]
     assert matrices and "actor_logstd" not in matrices
-    for optimizer_name, decay in (("adamw", 0.5), ("adam", 0.0)):
+    for optimizer_name, decay in (("adamw", 0.5), ("adam", 0.5), ("adam", 0.0)):
         args = script.module.Args(optimizer=optimizer_name, weight_decay=decay, learning_rate=0.1)
         before = {k: v.detach().clone() for k, v in agent.named_parameters()}
         optimizer = script.module.make_optimizer(agent, args)
@@ -447,7 +448,13 @@ def test_adamw_decays_weight_matrices_only(script):
             p.grad = torch.zeros_like(p)
         optimizer.step()
         for name, p in agent.named_parameters():
-            expected = before[name] * (1 - 0.1 * decay) if name in matrices else before[name]
+            if name not in matrices or decay == 0:
+                expected = before[name]
+            elif optimizer_name == "adamw":  # decoupled: shrunk by lr * decay, whatever Adam's step
+                expected = before[name] * (1 - 0.1 * decay)
+            else:  # L2: the gradient decay * p, normalised by Adam's first step to about its sign
+                g = decay * before[name]
+                expected = before[name] - 0.1 * g / (g.abs() + 1e-5)
             torch.testing.assert_close(p.detach(), expected)
     assert script.module.Args(optimizer="adamw").optimizer == "adamw"
 

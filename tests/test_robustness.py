@@ -64,7 +64,8 @@ CLI_CASES = [
     ("ppo_continuous", PENDULUM + ["--desired-kl", "0"], "--desired-kl"),
     ("ppo_continuous", PENDULUM + ["--lr-min-fraction", "2"], "--lr-min-fraction"),
     ("ppo_continuous", PENDULUM + ["--critic-learning-rate", "-1e-3"], "--critic-learning-rate"),
-    ("ppo_continuous", PENDULUM + ["--weight-decay", "0.01"], "--weight-decay"),  # with Adam: use AdamW
+    ("ppo_continuous", PENDULUM + ["--optimizer", "adamw"], "--weight-decay"),  # AdamW without decay is Adam
+    ("ppo_continuous", PENDULUM + ["--optimizer", "adamw", "--weight-decay", "-0.1"], "--weight-decay"),
     ("ppo_continuous", PENDULUM + ["--value-loss", "huber", "--huber-delta", "0"], "--huber-delta"),
     ("ppo_continuous", PENDULUM + ["--init-log-std", "nan"], "--init-log-std"),
     ("ppo_continuous", PENDULUM + ["--hidden-sizes", "64", "0"], "--hidden-sizes"),
