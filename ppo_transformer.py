@@ -1180,7 +1180,7 @@ def train(args: Args, on_iteration=None) -> dict:
 
         progress = tqdm(total=args.num_iterations, initial=start_iteration - 1, unit="it", dynamic_ncols=True)
     recorder = EpisodeRecorder()
-    iteration, last_completed = start_iteration - 1, None
+    iteration, last_completed, stopping = start_iteration - 1, None, None
     next_obs = obs_norm(next_obs_raw)
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
@@ -1234,7 +1234,9 @@ def train(args: Args, on_iteration=None) -> dict:
             update_time = time.perf_counter() - update_start
             torch.set_num_threads(rollout_threads)
 
-            merged, ended_returns, ended_lengths, stop.signum = reports.merged(stop.signum)
+            # Stop after the iteration where a signal had reached any process when they exchanged reports; one
+            # arriving during or after the exchange stays in stop.signum for the next (not overwritten by None).
+            merged, ended_returns, ended_lengths, stopping = reports.merged(stop.signum)
 
             # Logged: what shows a failing run (DESIGN.md §4), nothing derivable; one host transfer per iteration.
             with torch.no_grad():
@@ -1268,11 +1270,11 @@ def train(args: Args, on_iteration=None) -> dict:
                 on_iteration(history[-1])
             if progress is not None:
                 show_progress(progress, metrics, recent_returns)
-            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stop.signum:
+            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stopping:
                 own_states = gather_processes(own_state())
                 if rank == 0:
                     save_checkpoint(run_dir, checkpoint_state(iteration, own_states))
-            if stop.signum:
+            if stopping:
                 break
     except EnvStepError as error:
         if last_completed is None:  # torchrun: the other processes' states are out of reach; the last checkpoint stands
@@ -1301,7 +1303,7 @@ def train(args: Args, on_iteration=None) -> dict:
         "iteration": iteration,
         "mean_recent_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
         "history": history,
-        "stopped_by": stop.signum,  # the signal that stopped the run early, or None
+        "stopped_by": stopping,  # the signal that stopped the run early, or None
     }
 
 

@@ -230,6 +230,28 @@ def test_sigint_and_sigterm_finish_the_iteration_save_and_exit_with_128_plus_the
     assert logged[-1] == checkpoint["global_step"]  # every iteration that was logged is in the checkpoint
 
 
+def test_a_signal_arriving_while_the_iteration_reports_are_merged_still_stops_the_run(script, in_tmp, monkeypatch):
+    """Bug: the stop request read before an iteration's reports were merged (over the processes, under torchrun) and
+    written back after, so a SIGTERM arriving in between was overwritten with "no signal": the run went on to its end
+    (seen in CI as the SIGINT test's 120-second hang)."""
+    merged, calls = script.module.RolloutReports.merged, []
+
+    def merged_while_a_signal_arrives(self, stop_signum):
+        calls.append(stop_signum)
+        result = merged(self, stop_signum)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before this call returns
+        return result
+
+    monkeypatch.setattr(script.module.RolloutReports, "merged", merged_while_a_signal_arrives)
+    args = script.args()
+    args.total_timesteps = 6 * args.num_envs * args.num_steps
+    summary = script.module.train(args)
+    assert summary["stopped_by"] == signal.SIGTERM and summary["iteration"] == 3  # the next iteration stops
+    checkpoint = torch.load(summary["checkpoint"], weights_only=True)
+    assert checkpoint["iteration"] == 3
+
+
 # ---------------------------------------------------------------- resume
 def scalar_steps(run_dir: str) -> dict[str, list[int]]:
     """Steps of every scalar as TensorBoard reads them (its purge of orphaned events included)."""
