@@ -10,6 +10,7 @@ import importlib
 import os
 import subprocess
 import sys
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -22,15 +23,49 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("ppo_continuous", "ppo_recurrent", "ppo_transformer")
 TIMING_KEYS = ("charts/SPS", "time/rollout_s", "time/update_s")
 
+# A loaded 2-core machine (CI beside a Genesis build or trainings) starts and runs processes many times slower than an
+# idle one: waits are on what a test needs, bounded by a deadline that only a hang reaches.
+SLOW_MACHINE_S = 600
+
 
 def metrics_without_timing(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in h.items() if k not in TIMING_KEYS} for h in history]
 
 
-def run_cli(script: str, *flags: str, cwd, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_cli(script: str, *flags: str, cwd, timeout: int = SLOW_MACHINE_S) -> subprocess.CompletedProcess:
     """Runs `python <script>.py FLAGS` in `cwd` and returns the finished process (text output)."""
     return subprocess.run([sys.executable, os.path.join(REPO, f"{script}.py"), *flags], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def wait_until(condition, stage: str, timeout: float = SLOW_MACHINE_S, process=None, interval: float = 0.2):
+    """Polls `condition()` until it returns something truthy (returned); fails naming `stage` and how long it waited
+    if `timeout` seconds pass first, or if `process` (a Popen) exits first (with the end of its output)."""
+    started = time.monotonic()
+    while True:
+        result = condition()
+        if result:
+            return result
+        elapsed = time.monotonic() - started
+        if process is not None and process.poll() is not None:
+            output = process.communicate()[0] if process.stdout else ""
+            pytest.fail(f"{stage}: the process exited (status {process.returncode}) after {elapsed:.0f} s, before "
+                        f"that; its output ends: {(output or '')[-2000:]}")
+        if elapsed > timeout:
+            pytest.fail(f"{stage}: not done after {elapsed:.0f} s (the limit, {timeout} s, is for a hang)")
+        time.sleep(interval)
+
+
+def communicate(process, stage: str, timeout: float = SLOW_MACHINE_S) -> str:
+    """The output of `process` once it exits; fails naming `stage` and the wait if it has not within `timeout` s."""
+    started = time.monotonic()
+    try:
+        return process.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired as error:
+        process.kill()
+        output = error.output.decode() if isinstance(error.output, bytes) else (error.output or "")
+        pytest.fail(f"{stage}: the process had not exited after {time.monotonic() - started:.0f} s; its output ends: "
+                    f"{output[-2000:]}")
 
 
 def naive_gae(rewards, values, last_value, final_values, terminated, truncated, gamma, lam):

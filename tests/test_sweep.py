@@ -8,7 +8,7 @@ import sqlite3
 import subprocess
 import sys
 
-from conftest import REPO
+from conftest import REPO, SLOW_MACHINE_S, run_cli
 
 SWEEP = os.path.join(REPO, "benchmarks", "sweep.py")
 TINY = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2",
@@ -17,7 +17,8 @@ TINY = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "64", "--nu
 
 
 def sweep(*flags, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, SWEEP, *flags], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, SWEEP, *flags], cwd=cwd, capture_output=True, text=True,
+                          timeout=SLOW_MACHINE_S)
 
 
 def test_two_workers_share_one_sqlite_study_without_duplicates_and_the_best_command_reruns(tmp_path):
@@ -46,8 +47,7 @@ def test_two_workers_share_one_sqlite_study_without_duplicates_and_the_best_comm
     # The printed command reruns the best trial as is: its run has the best parameters.
     command = best["command"].split()
     assert command[:2] == ["python", "ppo_continuous.py"]
-    rerun = subprocess.run([sys.executable, os.path.join(REPO, command[1]), *command[2:], "--exp-name", "rerun"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    rerun = run_cli(command[1].removesuffix(".py"), *command[2:], "--exp-name", "rerun", cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     (run,) = [d for d in os.listdir(tmp_path / "runs") if "__rerun__" in d]
     saved = json.loads((tmp_path / "runs" / run / "args.json").read_text())
