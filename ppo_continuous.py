@@ -247,7 +247,10 @@ def resolve_args(args: Args) -> Args:
 
 def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
     """Rejects out-of-range flags before anything is written."""
-    rules = [(name, getattr(args, name) >= 1, "at least 1") for name in at_least_one] + [
+    # Every rate and coefficient finite first: inf passes "positive" (an infinite learning rate trained until stopped).
+    floats = [f.name for f in fields(args) if isinstance(getattr(args, f.name), float)]
+    rules = [(name, math.isfinite(getattr(args, name)), "a finite number") for name in floats] + [
+        (name, getattr(args, name) >= 1, "at least 1") for name in at_least_one] + [
         ("seed", args.seed >= 0, "0 or more"),
         ("learning_rate", args.learning_rate > 0, "positive"),
         ("gamma", 0 <= args.gamma <= 1, "in [0, 1]"),
@@ -265,12 +268,12 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
          "above 0 with --optimizer adamw (without decay AdamW is Adam; torch's AdamW default is 0.01)"),
         ("weight_decay", args.weight_decay >= 0, "0 or more"),
         ("huber_delta", args.huber_delta > 0, "positive"),
-        ("init_log_std", math.isfinite(args.init_log_std), "a finite number"),
         ("hidden_sizes", all(width >= 1 for width in args.hidden_sizes), "widths of at least 1"),
         ("checkpoint_interval", args.checkpoint_interval >= 1, "at least 1"),
         ("video_interval", args.video_interval >= 1, "at least 1"),
         ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
-        ("exp_name", bool(args.exp_name) and "/" not in args.exp_name, "a name without '/' (it names the run dir)"),
+        ("exp_name", bool(args.exp_name) and "/" not in args.exp_name,
+         "a non-empty name without '/' (it names the run dir)"),
         ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
         ("update_threads", args.update_threads >= 0, "0 (torch's default) or more"),
         ("dist_timeout_s", args.dist_timeout_s >= 1, "at least 1"),
@@ -646,8 +649,8 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple
 def init_distributed(args: Args) -> int:
     """Under torchrun, joins its process group (NCCL for a CUDA policy, gloo otherwise; each process on its own GPU)
     and returns this process's rank; 0 without torchrun."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 0
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return dist.get_rank() if dist.is_initialized() else 0
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # Genesis also builds on the current GPU
     cuda = args.cuda or args.policy_device == "cuda" or (args.policy_device == "auto" and torch.cuda.is_available())
@@ -1131,6 +1134,7 @@ def train(args: Args, on_iteration=None) -> dict:
     }
 
 
+@torch.inference_mode()
 def evaluate(
     checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
 ) -> dict:
@@ -1158,8 +1162,7 @@ def evaluate(
     if capture_video:
         recorder.start(vec)
     while any(len(r) < q for r, q in zip(returns, quota)):
-        with torch.inference_mode():
-            obs, _, terminated, truncated, info = vec.step(agent.mean_action(obs_norm(obs)))
+        obs, _, terminated, truncated, info = vec.step(agent.mean_action(obs_norm(obs)))
         if capture_video:
             recorder.step(vec, terminated | truncated, video)
         episode = info["episode"]

@@ -204,10 +204,10 @@ PENDULUM = dict(
     CLEANRL, num_envs=4, total_timesteps=300_000, learning_rate=1e-3, num_steps=1024, gamma=0.9, num_minibatches=16,
     init_log_std=-0.5,
 )
-PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "FrankaReachCue-v0": {}, "Pendulum-v1": PENDULUM,
+PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDULUM,
            "PendulumNoVel-v1": PENDULUM}
 # The cube tasks: ManiSkill3's PPO settings for PushCube-v1 and PickCube-v1 (gamma 0.8, lambda 0.9) on the arm's.
-PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = PRESETS["FrankaPickCube-v0"] = dict(
+PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPickCube-v0"] = dict(
     gamma=0.8, gae_lambda=0.9, total_timesteps=10_000_000)
 # Genesis's locomotion example (rsl_rl's settings, as the arm's) with its entropy bonus and ~10M-step budget; without
 # the base's velocities, attention over the last 8 steps (0.16 s, about a third of a stride) to infer them, one token
@@ -260,7 +260,10 @@ def resolve_args(args: Args) -> Args:
 
 def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
     """Rejects out-of-range flags before anything is written."""
-    rules = [(name, getattr(args, name) >= 1, "at least 1") for name in at_least_one] + [
+    # Every rate and coefficient finite first: inf passes "positive" (an infinite learning rate trained until stopped).
+    floats = [f.name for f in fields(args) if isinstance(getattr(args, f.name), float)]
+    rules = [(name, math.isfinite(getattr(args, name)), "a finite number") for name in floats] + [
+        (name, getattr(args, name) >= 1, "at least 1") for name in at_least_one] + [
         ("seed", args.seed >= 0, "0 or more"),
         ("learning_rate", args.learning_rate > 0, "positive"),
         ("gamma", 0 <= args.gamma <= 1, "in [0, 1]"),
@@ -278,15 +281,14 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
          "above 0 with --optimizer adamw (without decay AdamW is Adam; torch's AdamW default is 0.01)"),
         ("weight_decay", args.weight_decay >= 0, "0 or more"),
         ("huber_delta", args.huber_delta > 0, "positive"),
-        ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
-        ("update_threads", args.update_threads >= 0, "0 (torch's default) or more"),
-
-        ("init_log_std", math.isfinite(args.init_log_std), "a finite number"),
         ("hidden_sizes", all(width >= 1 for width in args.hidden_sizes), "widths of at least 1"),
         ("checkpoint_interval", args.checkpoint_interval >= 1, "at least 1"),
         ("video_interval", args.video_interval >= 1, "at least 1"),
         ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
-        ("exp_name", bool(args.exp_name) and "/" not in args.exp_name, "a name without '/' (it names the run dir)"),
+        ("exp_name", bool(args.exp_name) and "/" not in args.exp_name,
+         "a non-empty name without '/' (it names the run dir)"),
+        ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
+        ("update_threads", args.update_threads >= 0, "0 (torch's default) or more"),
         ("dist_timeout_s", args.dist_timeout_s >= 1, "at least 1"),
     ]
     for name, ok, requirement in rules:
@@ -1386,8 +1388,7 @@ def cli(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         if args.eval_checkpoint:
-            evaluate(args.eval_checkpoint, args.eval_episodes, args.capture_video,
-                     args.policy_device, args.sim_device)
+            evaluate(args.eval_checkpoint, args.eval_episodes, args.capture_video, args.policy_device, args.sim_device)
         else:
             stopped_by = train(args)["stopped_by"]
             if stopped_by:

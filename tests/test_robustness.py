@@ -55,6 +55,11 @@ PENDULUM = ["--env-id", "Pendulum-v1"]
 # (script, flags, what the one line must name); {name} is replaced by the path of checkpoints[name]
 CLI_CASES = [
     ("ppo_continuous", PENDULUM + ["--learning-rate", "-1e-3"], "--learning-rate"),
+    ("ppo_continuous", PENDULUM + ["--learning-rate", "inf"], "--learning-rate must be a finite number, got inf"),
+    ("ppo_continuous", PENDULUM + ["--max-grad-norm", "inf"], "--max-grad-norm must be a finite number"),
+    ("ppo_recurrent", ["--env-id", "PendulumNoVel-v1", "--ent-coef", "inf"], "--ent-coef must be a finite number"),
+    ("ppo_transformer", ["--env-id", "PendulumNoVel-v1", "--clip-coef", "nan"], "--clip-coef must be a finite number"),
+    ("ppo_transformer", ["--env-id", "PendulumNoVel-v1", "--exp-name", ""], "--exp-name must be a non-empty name"),
     ("ppo_continuous", PENDULUM + ["--seed", "-1"], "--seed"),
     ("ppo_continuous", PENDULUM + ["--gamma", "1.5"], "--gamma"),
     ("ppo_continuous", PENDULUM + ["--gae-lambda", "-0.1"], "--gae-lambda"),

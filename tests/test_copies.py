@@ -1,0 +1,73 @@
+"""The single-file price, held to its terms: what the three scripts share is the same in each, byte for byte.
+
+Each script is whole on its own (CleanRL's form), so the code they have in common is copied. SHARED names every
+definition meant to be common; a change to one copy must be made to all three, or the definition taken off the
+list on purpose (it then belongs to one script's algorithm)."""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections import Counter
+
+import pytest
+
+from conftest import REPO, SCRIPTS
+
+SHARED = (
+    # helpers, normalisers and the parts of PPO that do not depend on the policy's memory
+    "UsageError", "check_flags", "pick_device", "layer_init", "RunningMeanStd", "ObsNormalizer", "RewardScaler",
+    "HALF_LOG_2PI", "ACTIVATIONS", "mlp", "compute_gae", "mean_std_over_processes", "normalise_advantages",
+    "is_weight_matrix", "make_optimizer", "lr_fraction", "adapt_lr", "task_args",
+    # run plumbing: torchrun, run directories, checkpoints, signals, logging, the command line
+    "init_distributed", "average_over_processes", "gather_processes", "merge_processes", "EnvStepError",
+    "create_run_dir", "run_dir_of", "save_checkpoint", "load_checkpoint", "args_from_checkpoint", "StopSignal",
+    "open_logs", "step_envs", "video_saved", "show_progress", "RolloutReports", "write_logs", "make_env", "parse_args",
+    "cli",
+)
+
+
+def definitions(script: str) -> dict[str, list[str]]:
+    """Every top-level definition (function, class, assigned name) of a script: its source, decorators included."""
+    with open(os.path.join(REPO, f"{script}.py")) as f:
+        text = f.read()
+    lines, found = text.splitlines(keepends=True), {}
+    for node in ast.parse(text).body:
+        names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else [
+            target.id for target in getattr(node, "targets", []) if isinstance(target, ast.Name)]
+        first = node.decorator_list[0].lineno if getattr(node, "decorator_list", None) else node.lineno
+        for name in names:
+            found.setdefault(name, []).append("".join(lines[first - 1 : node.end_lineno]))
+    return found
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_definitions_are_identical_in_the_three_scripts(name):
+    """Bug: a fix or a feature landed in one copy only (a flag checked in one script, a helper drifting apart)."""
+    copies = {script: definitions(script).get(name) for script in SCRIPTS}
+    missing = [script for script, source in copies.items() if source is None]
+    assert not missing, f"{name} is missing from {missing}"
+    assert all(len(source) == 1 for source in copies.values()), f"{name} is defined twice in a script"
+    reference = copies[SCRIPTS[0]][0]
+    drifted = [script for script, source in copies.items() if source[0] != reference]
+    assert not drifted, f"{name} in {drifted} differs from {SCRIPTS[0]}.py's: make the same change in all three"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_task_preset_is_set_once(script):
+    """Bug: a task's preset set twice (the second silently replacing the first, its comment then describing
+    settings that do not run)."""
+    with open(os.path.join(REPO, f"{script}.py")) as f:
+        tree = ast.parse(f.read())
+    keys = []
+    for node in tree.body:
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Name) and target.id == "PRESETS" and isinstance(node.value, ast.Dict):
+                keys += [ast.literal_eval(key) for key in node.value.keys]
+            elif isinstance(target, ast.Subscript) and getattr(target.value, "id", None) == "PRESETS":
+                keys.append(ast.literal_eval(target.slice))
+    assert keys, "no PRESETS found"
+    twice = sorted(key for key, count in Counter(keys).items() if count > 1)
+    assert not twice, f"{script}.py sets the presets of {twice} more than once"
