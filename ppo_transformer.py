@@ -1381,6 +1381,23 @@ def parse_args(argv: list[str] | None = None) -> Args:
     return tyro.cli(Args, args=argv, default=task_args(env_id))
 
 
+def print_run_end(summary: dict) -> None:
+    """A run's last lines: where it is, how it ended, and the commands to watch, evaluate and (if stopped) resume it."""
+    if summary["run_dir"] is None:  # torchrun: process 0 speaks for all
+        return
+    history, script = summary["history"], f"{CHECKPOINT_KIND}.py"
+    success = next((h["charts/success_rate"] for h in reversed(history) if "charts/success_rate" in h), None)
+    ended = f"stopped by {signal.Signals(summary['stopped_by']).name}" if summary["stopped_by"] else "finished"
+    lines = [f"\n{ended} at iteration {summary['iteration']} ({summary['global_step']:,} steps): {summary['run_dir']}",
+             f"training episodes: mean return of the last 100 {summary['mean_recent_return']:.2f}"
+             + (f", success rate of the last iteration {success:.1%}" if success is not None else ""),
+             "watch:    tensorboard --logdir runs",
+             f"evaluate: python {script} --eval-checkpoint {summary['checkpoint']} --eval-episodes 100"]
+    if summary["stopped_by"]:
+        lines.append(f"resume:   python {script} --resume {summary['run_dir']}")
+    print("\n".join(lines), flush=True)
+
+
 def cli(argv: list[str] | None = None) -> None:
     """Trains, or evaluates --eval-checkpoint. Bad input ends with one line naming the flag and the fix (exit status
     2); a failing env with one line and exit status 1; a run stopped by SIGINT or SIGTERM, once its checkpoint is
@@ -1390,9 +1407,10 @@ def cli(argv: list[str] | None = None) -> None:
         if args.eval_checkpoint:
             evaluate(args.eval_checkpoint, args.eval_episodes, args.capture_video, args.policy_device, args.sim_device)
         else:
-            stopped_by = train(args)["stopped_by"]
-            if stopped_by:
-                raise SystemExit(128 + stopped_by)
+            summary = train(args)
+            print_run_end(summary)
+            if summary["stopped_by"]:
+                raise SystemExit(128 + summary["stopped_by"])
     except (UsageError, EnvStepError) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2 if isinstance(error, UsageError) else 1) from None

@@ -23,7 +23,7 @@ SHARED = (
     "init_distributed", "average_over_processes", "gather_processes", "merge_processes", "EnvStepError",
     "create_run_dir", "run_dir_of", "save_checkpoint", "load_checkpoint", "args_from_checkpoint", "StopSignal",
     "open_logs", "step_envs", "video_saved", "show_progress", "RolloutReports", "write_logs", "make_env", "parse_args",
-    "cli",
+    "print_run_end", "cli",
 )
 
 

@@ -260,6 +260,37 @@ def test_a_signal_arriving_while_the_iteration_reports_are_merged_still_stops_th
     assert checkpoint["iteration"] == 3
 
 
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_run_ends_saying_where_it_is_and_how_to_watch_evaluate_and_resume_it(script, in_tmp, monkeypatch, capsys,
+                                                                                stopped):
+    """Bug: the default command training for minutes and ending without a word (no run directory, no next step)."""
+    args = script.args()
+    args.total_timesteps = 4 * args.num_envs * args.num_steps
+    monkeypatch.setattr(script.module, "parse_args", lambda argv=None: args)
+    if stopped:
+        merged = script.module.RolloutReports.merged
+
+        def merged_after_a_sigterm(self, stop_signum):
+            if stop_signum is None:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return merged(self, stop_signum)
+
+        monkeypatch.setattr(script.module.RolloutReports, "merged", merged_after_a_sigterm)
+        with pytest.raises(SystemExit) as exit_:
+            script.module.cli([])
+        assert exit_.value.code == 128 + signal.SIGTERM
+    else:
+        script.module.cli([])
+    out = capsys.readouterr().out
+    (run_dir,) = glob.glob("runs/*")
+    checkpoint = os.path.join(run_dir, "checkpoint.pt")
+    assert os.path.isfile(checkpoint)
+    assert run_dir in out and "tensorboard --logdir runs" in out and "mean return of the last 100" in out
+    assert f"python {script.name}.py --eval-checkpoint {checkpoint} --eval-episodes 100" in out
+    assert (f"python {script.name}.py --resume {run_dir}" in out) == stopped  # a finished run has nothing to resume
+    assert ("stopped by SIGTERM at iteration 2" if stopped else "finished at iteration 4") in out
+
+
 # ---------------------------------------------------------------- resume
 def scalar_steps(run_dir: str) -> dict[str, list[int]]:
     """Steps of every scalar as TensorBoard reads them (its purge of orphaned events included)."""
