@@ -171,44 +171,34 @@ class Args:
     """total_timesteps // (batch_size * world_size)"""
 
 
-# Args' defaults are the Genesis arm's: many parallel envs, short rollouts, large batches, adaptive KL, 64x64 ELU
-# networks, 8 epochs and entropy 0.001 (Isaac Lab's rsl_rl Franka reach settings), observations normalised and
-# rewards not: with the reward scaled by its running return std, the arm's success rate collapsed after its first
-# climb (74% to 44%, 88% to 35%) as the success bonus grew the returns and the scale lagged; without, no run fell
-# below 95% after reaching it; advantages normalised over the whole batch (rsl_rl's default) then ended all 3 seeds
-# at >= 99.9% (benchmarks/results/rsl_rl_side_by_side/variants.md). Any other task starts from CleanRL's
-# ppo_continuous_action settings; a task's entry overrides them.
+# Args' defaults are the Genesis arm's (Isaac Lab's rsl_rl Franka reach settings, rewards not scaled); any other task
+# starts from CleanRL's ppo_continuous_action settings, and a task's entry overrides them.
+# Why each is what it is, with the measurements: benchmarks/results/presets.md.
 CLEANRL = dict(
     num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, lr_schedule="linear", num_steps=2048,
     num_minibatches=32, update_epochs=10, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5, activation="tanh",
     update_threads=1, norm_adv_per_minibatch=True, norm_reward=True,  # as CleanRL (the arm's differ: see Args)
 )
-# The other arm tasks were measured (benchmarks/results) with the arm's earlier 5 epochs, no entropy bonus, the
-# reward scaled and advantages normalised per minibatch.
+# The other arm tasks as they were measured: the arm's earlier 5 epochs, no entropy bonus, rewards scaled.
 ARM_AS_MEASURED = dict(update_epochs=5, ent_coef=0.0, norm_adv_per_minibatch=True, norm_reward=True)
 PRESETS = {
     "FrankaReach-v0": {},
     "FrankaReachNoVel-v0": ARM_AS_MEASURED,
     "FrankaReachCue-v0": ARM_AS_MEASURED,
-    # SB3 zoo's tuned PPO, with wide initial noise (std e = 2.7 against torques of +-2, so mostly bang-bang after
-    # clipping) in place of its gSDE: narrower noise (std 0.6) left one seed in three spinning at 200k.
+    # SB3 zoo's tuned PPO, with wide initial noise in place of its gSDE (narrower noise left a seed spinning).
     "Pendulum-v1": dict(
         CLEANRL, num_envs=4, total_timesteps=200_000, learning_rate=1e-3, num_steps=1024, gamma=0.9,
         num_minibatches=64, init_log_std=1.0,
     ),
-    # CleanRL's settings with 16 envs x 256 steps: a 4096-step batch in 128-step minibatches drawn from 16 terrains
-    # at once, for twice CleanRL's budget (its defaults reach about 208 at 1M); results in benchmarks/results.
+    # CleanRL's settings with 16 envs x 256 steps (minibatches drawn from 16 terrains at once), twice its budget.
     "BipedalWalker-v3": dict(CLEANRL, num_envs=16, num_steps=256, total_timesteps=2_000_000),
 }
-# The cube tasks: ManiSkill3's PPO settings for PushCube-v1 and PickCube-v1 (a short horizon of 50-step episodes at
-# 20 Hz: gamma 0.8, lambda 0.9) on the arm's defaults, for the issue's 10M-step budget.
+# The cube tasks: ManiSkill3's PPO settings for PushCube-v1 and PickCube-v1 (50-step episodes: gamma 0.8, lambda 0.9).
 PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = PRESETS["FrankaPickCube-v0"] = dict(
     ARM_AS_MEASURED, gamma=0.8, gae_lambda=0.9, total_timesteps=10_000_000)
 # The memory-less baseline of ppo_recurrent.py and ppo_transformer.py: their settings, noise included.
 PRESETS["PendulumNoVel-v1"] = {**PRESETS["Pendulum-v1"], "total_timesteps": 300_000, "init_log_std": -0.5}
-# Genesis's locomotion example (rsl_rl's settings, as the arm's) with its entropy bonus and ~10M-step budget, and
-# 128x128 networks: 6% slower than 64x64 on 2 CPU cores at 1024 envs, where its 512-256-128 halves the SPS (GPU
-# runs: --hidden-sizes 512 256 128 --num-envs 4096, as the example).
+# Genesis's locomotion example (rsl_rl's settings) with 128x128 networks for the CPU (its 512-256-128 on a GPU).
 PRESETS["Go2Walk-v0"] = PRESETS["Go2WalkNoVel-v0"] = PRESETS["Go2WalkNoVelAll-v0"] = dict(
     update_epochs=5, ent_coef=0.01, total_timesteps=10_000_000, hidden_sizes=(128, 128), norm_adv_per_minibatch=True,
     norm_reward=True)

@@ -184,9 +184,9 @@ class Args:
     """total_timesteps // (batch_size * world_size)"""
 
 
-# Args' defaults are the Genesis arm's: many parallel envs, short rollouts trained as whole sequences, adaptive KL
-# (rsl_rl's recurrent setup, with a smaller GRU for the CPU). Any other task starts from CleanRL's settings with
-# 64-step sequences; a task's entry overrides them.
+# Args' defaults are the Genesis arm's trained as whole-rollout sequences (rsl_rl's recurrent setup, a smaller GRU);
+# any other task starts from CleanRL's settings with 64-step sequences, and a task's entry overrides them.
+# Why each is what it is, with the measurements: benchmarks/results/presets.md.
 CLEANRL = dict(
     num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, lr_schedule="linear", num_steps=2048, bptt_len=64,
     num_minibatches=32, update_epochs=10, vf_coef=0.5, max_grad_norm=0.5, hidden_sizes=(64,), activation="tanh",
@@ -197,9 +197,7 @@ PENDULUM = dict(
     num_minibatches=16, init_log_std=-0.5,
 )
 PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDULUM, "PendulumNoVel-v1": PENDULUM}
-# The cue of FrankaReachCue-v0 is seen in an episode's first 5 of 100 steps: the reward it earns must reach it through
-# the gradient, so each env's sequence is a whole episode's length (100 steps; with 24-step sequences the GRU's
-# distance to the target got worse, not better). 256 envs keep the batch (and the updates per step) as the arm's.
+# Whole-episode sequences, so that the reward the cue (seen in the first 5 of 100 steps) earns reaches it.
 PRESETS["FrankaReachCue-v0"] = dict(num_envs=256, num_steps=100)  # bptt_len 0: the whole rollout
 # The cube tasks: ManiSkill3's PPO settings for PushCube-v1 and PickCube-v1 (gamma 0.8, lambda 0.9) on the arm's.
 PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = PRESETS["FrankaPickCube-v0"] = dict(

@@ -191,10 +191,9 @@ class Args:
     """total_timesteps // (batch_size * world_size)"""
 
 
-# Args' defaults are the Genesis arm's: token mode (one step, each observation as 4 tokens of 16) with the MLP
-# script's PPO settings and heads (64x64, like its networks); 3x the MLP's multiply-adds per sample. Any other task
-# starts from history mode (one token per step over the last 8 steps) with CleanRL's settings; a task's entry
-# overrides them.
+# Args' defaults are the Genesis arm's in token mode (one step as 4 tokens of 16); any other task starts from history
+# mode (the last 8 steps) with CleanRL's settings, and a task's entry overrides them.
+# Why each is what it is, with the measurements: benchmarks/results/presets.md.
 CLEANRL = dict(
     num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, lr_schedule="linear", num_steps=2048,
     num_minibatches=32, update_epochs=10, vf_coef=0.5, max_grad_norm=0.5, context_len=8, num_tokens=1,
@@ -209,16 +208,11 @@ PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDU
 # The cube tasks: ManiSkill3's PPO settings for PushCube-v1 and PickCube-v1 (gamma 0.8, lambda 0.9) on the arm's.
 PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPickCube-v0"] = dict(
     gamma=0.8, gae_lambda=0.9, total_timesteps=10_000_000)
-# Genesis's locomotion example (rsl_rl's settings, as the arm's) with its entropy bonus and ~10M-step budget; without
-# the base's velocities, attention over the last 8 steps (0.16 s, about a third of a stride) to infer them, one token
-# of 32 per step (4 tokens per step ran at 1,416 steps/s on 2 CPU cores, one token at 1,951).
+# Genesis's locomotion example (rsl_rl's settings); without the base's velocities, the last 8 steps to infer them.
 PRESETS["Go2Walk-v0"] = dict(ent_coef=0.01, total_timesteps=10_000_000)
 PRESETS["Go2WalkNoVel-v0"] = PRESETS["Go2WalkNoVelAll-v0"] = dict(PRESETS["Go2Walk-v0"], context_len=8, num_tokens=1,
                                                                  token_dim=32)
-# The arm's memory tasks in history mode, one token of 32 per step: 16 steps cover the cue of FrankaReachCue-v0 for
-# 11 steps after it is hidden (then only the arm's own motion carries it), and the critic reads the transformer's
-# features, as the value depends on the hidden target; for FrankaPushCubeRandom-v0, 0.8 s of pushing to infer the
-# cube's mass and friction from.
+# The arm's memory tasks in history mode: 16 steps cover the hidden cue, or 0.8 s of pushing to infer the cube's mass.
 PRESETS["FrankaReachCue-v0"] = dict(context_len=16, num_tokens=1, token_dim=32, critic="shared")
 PRESETS["FrankaPushCubeRandom-v0"] = dict(PRESETS["FrankaPushCube-v0"], context_len=16, num_tokens=1, token_dim=32)
 
