@@ -1208,7 +1208,7 @@ def train(args: Args, on_iteration=None) -> dict:
             # arriving during or after the exchange stays in stop.signum for the next (not overwritten by None).
             merged, ended_returns, ended_lengths, stopping = reports.merged(stop.signum)
 
-            # Logged: what shows a failing run (DESIGN.md §4), nothing derivable; one host transfer per iteration.
+            # Logged: what shows a failing run (docs/design.md §4), nothing derivable; one host transfer per iteration.
             with torch.no_grad():
                 b_values, b_advantages, b_returns = values_buf.flatten(), advantages.flatten(), returns.flatten()
                 var_returns = b_returns.var()

@@ -6,7 +6,7 @@
 Prints a Markdown table (and writes it to --out if given). Each batch size gets its own scene
 in the same process, one warm-up of --warmup steps, then --steps timed steps. Actions are uniform in the
 action space clipped to [-1, 1] (the quadruped's space is the example's +-100 clip, which only saturates).
-Three measurements (DESIGN.md §7), the ratio of the last two being what `envs/` costs:
+Three measurements (docs/design.md §7), the ratio of the last two being what `envs/` costs:
 - the simulator alone. Genesis tasks: the time spent inside the scene's own `scene.step()` calls (`decimation`
   per agent step) during the timed loop through `envs/`, so both see the same robot states (a separate loop
   without resets would time robots lying on the floor). Gymnasium tasks: `num_envs` separate `gym.make` envs

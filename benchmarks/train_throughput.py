@@ -4,7 +4,7 @@
     python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 256 1024
     python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 1024 --scripts ppo_continuous ppo_recurrent ppo_transformer
 
-Three columns (DESIGN.md §7), from `env_throughput.py`: the simulator alone (plain `gym.make` envs, or the
+Three columns (docs/design.md §7), from `env_throughput.py`: the simulator alone (plain `gym.make` envs, or the
 Genesis scene's own steps), through `envs/` with random actions, and training: each script with its preset for
 the task (num_envs overridden; num_steps too, to the first script's, so every script trains on the same batch),
 the median SPS over iterations after the first (which warms up). The headline is training / simulator alone;

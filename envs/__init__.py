@@ -1,4 +1,4 @@
-"""Batched continuous-control tasks behind one torch-tensor interface (DESIGN.md §3).
+"""Batched continuous-control tasks behind one torch-tensor interface (docs/design.md §3).
 
     import envs
     vec = envs.make("FrankaReach-v0", num_envs=256, seed=1, device="cpu")

@@ -1,7 +1,7 @@
 """The batched torch-tensor interface over Gymnasium vector environments.
 
 `GymnasiumVecEnv` adapts any Gymnasium id (`gym.make_vec` with same-step autoreset; in sync mode it steps the
-vector env's sub-envs itself) to the contract in DESIGN.md §3 (its raw episode statistics in numpy);
+vector env's sub-envs itself) to the contract in docs/design.md §3 (its raw episode statistics in numpy);
 `EpisodeTracker` keeps them in torch for the natively batched tasks.
 """
 

@@ -1,6 +1,6 @@
 """What every natively batched Genesis task shares: one scene holding all `num_envs` robots, stepped as one.
 
-A task subclasses `GenesisVecEnv` and fills in these hooks; this class owns the contract of DESIGN.md §3
+A task subclasses `GenesisVecEnv` and fills in these hooks; this class owns the contract of docs/design.md §3
 (same-step autoreset with `final_obs`, raw episode statistics, subset reset, per-env simulator errors,
 exact-resume state, headless rendering), so every task keeps it the same way:
 

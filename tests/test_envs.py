@@ -1,4 +1,4 @@
-"""The envs/ contract (DESIGN.md §3) on Gymnasium tasks and their partially observable variants."""
+"""The envs/ contract (docs/design.md §3) on Gymnasium tasks and their partially observable variants."""
 
 import gymnasium as gym
 import numpy as np

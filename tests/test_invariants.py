@@ -1,4 +1,4 @@
-"""DESIGN.md §6 on all three scripts at once: every invariant the scripts share, each test named after its bug.
+"""docs/design.md §6 on all three scripts at once: every invariant the scripts share, each test named after its bug.
 
 Script-specific invariants (recurrent state, attention windows) are in the scripts' own test files. The loop
 tests run a real training loop on a scripted env (tests/conftest.py) and check, for every step, what the loop

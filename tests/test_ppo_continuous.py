@@ -1,5 +1,5 @@
 """ppo_continuous.py alone: its --help, learning and --env-kwargs parsing. The invariants it shares with the other
-two scripts (DESIGN.md §6) are tested on all three in test_invariants.py, bad input, signals and resume in
+two scripts (docs/design.md §6) are tested on all three in test_invariants.py, bad input, signals and resume in
 test_robustness.py."""
 
 import numpy as np

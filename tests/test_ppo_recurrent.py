@@ -1,4 +1,4 @@
-"""ppo_recurrent.py alone: DESIGN.md §6 items 5 and 11 for recurrent policies (sequences rebuild the rollout's
+"""ppo_recurrent.py alone: docs/design.md §6 items 5 and 11 for recurrent policies (sequences rebuild the rollout's
 hidden states, state zeroed at episode starts, the bootstrap does not advance it), each test named after its bug.
 The invariants shared with the other scripts are tested on all three in test_invariants.py."""
 

@@ -1,4 +1,4 @@
-"""ppo_transformer.py alone: DESIGN.md §6 items 5 and 12 for attention over steps and tokens (windows rebuilt
+"""ppo_transformer.py alone: docs/design.md §6 items 5 and 12 for attention over steps and tokens (windows rebuilt
 exactly, no attention across an episode boundary, causal), each test named after the bug it catches. The
 invariants shared with the other scripts are tested on all three in test_invariants.py."""
 

@@ -25,3 +25,20 @@ def test_every_flag_is_documented_in_the_readme(script):
     flags = [f.name for f in fields(importlib.import_module(script).Args) if f.name not in FILLED_AT_RUN_TIME]
     missing = [name for name in flags if f"`--{name.replace('_', '-')}" not in documented]
     assert not missing, f"flags of {script}.py missing from README.md: {missing}"
+
+
+def test_nothing_in_the_repository_points_outside_it():
+    """Bug: a clone that cites a design file or a checklist kept beside the repository (in a shared folder next to
+    it), which a researcher who clones it does not have; the design is docs/design.md."""
+    markers = ("../" + "shared", "DESIGN" + ".md")  # spelt apart, so that this file does not match itself
+    assert os.path.isfile(os.path.join(REPO, "docs", "design.md"))
+    outside = []
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("runs", "wandb", "__pycache__")]
+        for name in files:
+            if name.endswith((".py", ".md", ".txt", ".ini", ".sh")):
+                with open(os.path.join(root, name), errors="replace") as f:
+                    text = f.read()
+                if any(marker in text for marker in markers):
+                    outside.append(os.path.relpath(os.path.join(root, name), REPO))
+    assert not outside, f"these point outside the repository: {outside}"
