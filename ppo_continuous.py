@@ -4,8 +4,8 @@
     python ppo_continuous.py --env-id HalfCheetah-v5 --seed 2
     python ppo_continuous.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 1000
 
-Documented in README.md, section "ppo_continuous.py". Each task starts from its own settings (PRESETS: GPU-parallel
-robotics settings for the Genesis arm, CleanRL's for any other task); `--env-id X --help` shows them.
+Documented in docs/scripts.md, section "ppo_continuous.py". Each task starts from its own settings (PRESETS:
+GPU-parallel robotics settings for the Genesis arm, CleanRL's for any other task); `--env-id X --help` shows them.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 Each env's rollout is cut into sequences of --bptt-len steps. A sequence starts from the hidden state
 stored at its first step, and the state is zeroed wherever an episode starts inside it: the sequence is
 split there into segments that run through the fused GRU/LSTM kernel in one call (packed, no padding
-enters any loss). Documented in README.md, section "ppo_recurrent.py"; conventions as ppo_continuous.py.
+enters any loss). Documented in docs/scripts.md, section "ppo_recurrent.py"; conventions as ppo_continuous.py.
 """
 
 from __future__ import annotations

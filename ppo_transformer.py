@@ -8,7 +8,7 @@ Tokens: each of the last --context-len steps of the current episode is projected
 --token-dim. The policy attends over the window ending at the current step (never across an episode start,
 never to a later step) and reads the action from the current step's tokens. The rollout keeps each env's
 last K-1 observations and their episode ids across rollouts; the update rebuilds exactly the same windows.
-Documented in README.md, section "ppo_transformer.py"; conventions as ppo_continuous.py.
+Documented in docs/scripts.md, section "ppo_transformer.py"; conventions as ppo_continuous.py.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def make(
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as error:  # Gymnasium's message suggests close names ("Did you mean: ...")
-        raise UnknownTaskError(f"unknown env id {env_id!r}: {error}; README.md lists the tasks") from None
+        raise UnknownTaskError(f"unknown env id {env_id!r}: {error}; docs/tasks.md lists the tasks") from None
     try:
         if spec.vector_entry_point is not None and spec.entry_point is None:
             return gym.make_vec(env_id, num_envs=num_envs, seed=seed, device=device, sim_device=sim_device,

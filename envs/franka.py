@@ -7,7 +7,7 @@ camera. `FrankaReach-v0` and its memory variants live here; the cube tasks in `e
 Natively batched: one Genesis scene holds all `num_envs` arms (`scene.build(n_envs=N)`), stepped as one.
 Registered with `vector_entry_point`, so `gym.make_vec("FrankaReach-v0", num_envs=N)` and
 `envs.make("FrankaReach-v0", num_envs=N)` both return this class. The observation, action and reward
-tables are in the README ("FrankaReach-v0").
+tables are in docs/tasks.md ("FrankaReach-v0").
 
 Time: the physics runs at `sim_dt` (0.01 s); each agent step repeats the action for `decimation`
 physics steps, so the agent acts every `sim_dt * decimation` seconds (0.02 s by default, 50 Hz) and an

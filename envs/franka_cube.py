@@ -3,7 +3,7 @@
 Natively batched like FrankaReach-v0 (the arm, its gains, joint-delta actions and the TCP come from
 `envs.franka.FrankaArmVecEnv`). The table is the plane z = 0 the arm stands on (as ManiSkill3's table scene,
 whose robot base sits on the table top) and a collision body: arm links other than the fingers touching it
-are penalised by a bounded term of their own. The tables of observations, actions and rewards are in the README.
+are penalised by a bounded term of their own. The tables of observations, actions and rewards are in docs/tasks.md.
 
 - `FrankaPushCube-v0` (as ManiSkill3's PushCube-v1): fingers closed, push the cube into a goal region of
   radius 0.1 m, 0.2 m further from the base. Staged dense reward: reach the point behind the cube (on the

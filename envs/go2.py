@@ -6,7 +6,7 @@ go2_env.py` and `go2_train.py`): the default pose, PD gains (kp 20, kd 0.5), act
 of 0.25 rad per unit around the default pose, 50 Hz control (dt 0.02 s in two substeps), a simulated one-step
 action latency (the action sent at step t acts at step t+1, as on the real robot), the observation scales, the
 reward terms and weights (each multiplied by dt), termination on roll or pitch beyond 10 degrees, 20-s
-episodes (truncated), new commands every 4 s. The tables are in the README ("Go2Walk-v0"); the differences
+episodes (truncated), new commands every 4 s. The tables are in docs/tasks.md ("Go2Walk-v0"); the differences
 from the example, and why:
 
 - The observation leads with the base's linear velocity in the body frame (x2, the example's own scale for

@@ -108,7 +108,7 @@ def test_observation_layout_and_scales_match_the_simulator_state(batch):
     assert obs[:, 0:6].abs().max() > 1e-2  # the robots move: the velocity entries are not trivially zero
 
 
-# The entries of Go2Walk-v0's 48 each variant keeps (the README's table): NoVel drops the base velocities (0-5),
+# The entries of Go2Walk-v0's 48 each variant keeps (docs/tasks.md's table): NoVel drops the base velocities (0-5),
 # NoVelAll the joint velocities (24-35) as well.
 KEPT = {"novel": [*range(6, 48)], "novelall": [*range(6, 24), *range(36, 48)]}
 
