@@ -141,7 +141,7 @@ class Args:
     norm_reward: bool = False
     """scale rewards by the running standard deviation of the discounted return"""
     compile: bool = False
-    """torch.compile the policy and the loss (first iterations are slower while it compiles)"""
+    """torch.compile the policy and the loss: the same run as without (random draws as eager), faster once compiled"""
     torch_threads: int = 1
     """torch's CPU threads while the envs step (0: torch's default); one leaves the cores to the simulator"""
     update_threads: int = 0
@@ -945,6 +945,10 @@ def train(args: Args, on_iteration=None) -> dict:
     reward_scaler = RewardScaler(args.num_envs, args.gamma).to(policy_device)
     optimizer = make_optimizer(agent, args)
     adaptive_lr = args.anneal_lr and args.lr_schedule == "adaptive_kl"
+    if args.compile:  # compiled random draws as in eager mode, so that a seed gives the same run with or without
+        from torch._inductor import config as inductor_config
+
+        inductor_config.fallback_random = True
     get_action_and_value = torch.compile(agent.get_action_and_value) if args.compile else agent.get_action_and_value
     loss_fn = torch.compile(ppo_loss) if args.compile else ppo_loss
     # Everything a checkpoint holds besides counters and the envs, saved and restored by the same names: shared by all

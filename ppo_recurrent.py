@@ -155,6 +155,8 @@ class Args:
     """freeze those statistics once they hold this many observations (rsl_rl's `until`; 0: never)"""
     norm_reward: bool = True
     """scale rewards by the running standard deviation of the discounted return"""
+    compile: bool = False
+    """torch.compile the policy and the loss: the same run as without (random draws as eager), faster once compiled"""
 
     checkpoint_interval: int = 50
     """iterations between checkpoints (one is always written at the end, on Ctrl-C and on SIGTERM)"""
@@ -719,7 +721,7 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def update(agent: RecurrentAgent, optimizer: torch.optim.Optimizer, rollout: tuple, state_buf: torch.Tensor,
-           args: Args) -> tuple[dict, int]:
+           args: Args, loss_fn=ppo_loss) -> tuple[dict, int]:
     """PPO's epochs on one rollout cut into sequences of --bptt-len steps, a minibatch being a set of sequences:
     `rollout` = (obs, starts, actions, logprobs, values, advantages, returns), each (num_steps, num_envs, ...), and
     `state_buf` the state entering each step. Returns the losses' means and the first minibatch's diagnostics (as
@@ -743,7 +745,7 @@ def update(agent: RecurrentAgent, optimizer: torch.optim.Optimizer, rollout: tup
             idx = permutation[start : start + sequences_per_minibatch]
             # index_select, not x[:, idx]: the same sequences at a third to a quarter of the cost on the CPU
             obs, starts, actions, logprobs, values, advantages, returns = (x.index_select(1, idx) for x in sequences)
-            loss, stats = ppo_loss(agent, obs, actions, s_states.index_select(0, idx), starts, logprobs, advantages,
+            loss, stats = loss_fn(agent, obs, actions, s_states.index_select(0, idx), starts, logprobs, advantages,
                                    returns, values, args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -1080,6 +1082,12 @@ def train(args: Args, on_iteration=None) -> dict:
             dist.broadcast(tensor, src=0)
     reward_scaler = RewardScaler(args.num_envs, args.gamma).to(policy_device)
     optimizer = make_optimizer(agent, args)
+    if args.compile:  # compiled random draws as in eager mode, so that a seed gives the same run with or without
+        from torch._inductor import config as inductor_config
+
+        inductor_config.fallback_random = True
+    get_action_and_value = torch.compile(agent.get_action_and_value) if args.compile else agent.get_action_and_value
+    loss_fn = torch.compile(ppo_loss) if args.compile else ppo_loss
     adaptive_lr = args.anneal_lr and args.lr_schedule == "adaptive_kl"
     # Everything a checkpoint holds besides counters and the envs, saved and restored by the same names: shared by all
     # processes under torchrun (identical in each), and each process's own (process 0's at the top level, the others'
@@ -1168,7 +1176,7 @@ def train(args: Args, on_iteration=None) -> dict:
                     obs_buf[step] = next_obs
                     rnn_state = rnn_state * ~next_start[:, None]
                     state_buf[step], starts_buf[step] = rnn_state, next_start
-                    action, logprob, _, value, rnn_state = agent.get_action_and_value(next_obs, rnn_state, next_start)
+                    action, logprob, _, value, rnn_state = get_action_and_value(next_obs, rnn_state, next_start)
                     actions_buf[step], logprobs_buf[step], values_buf[step] = action, logprob, value
                     final_state_buf[step] = rnn_state
                     next_obs_raw, reward, terminated, truncated, info = step_envs(
@@ -1200,7 +1208,7 @@ def train(args: Args, on_iteration=None) -> dict:
             update_start = time.perf_counter()
             torch.set_num_threads(update_threads)
             rollout = (obs_buf, starts_buf, actions_buf, logprobs_buf, values_buf, advantages, returns)
-            update_stats, epochs_done = update(agent, optimizer, rollout, state_buf, args)
+            update_stats, epochs_done = update(agent, optimizer, rollout, state_buf, args, loss_fn)
             update_time = time.perf_counter() - update_start
             torch.set_num_threads(rollout_threads)
 

@@ -162,6 +162,8 @@ class Args:
     """freeze those statistics once they hold this many observations (rsl_rl's `until`; 0: never)"""
     norm_reward: bool = True
     """scale rewards by the running standard deviation of the discounted return"""
+    compile: bool = False
+    """torch.compile the policy and the loss: the same run as without (random draws as eager), faster once compiled"""
 
     checkpoint_interval: int = 50
     """iterations between checkpoints (one is always written at the end, on Ctrl-C and on SIGTERM)"""
@@ -757,7 +759,7 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, batch: tuple,
-           args: Args) -> tuple[dict, int]:
+           args: Args, loss_fn=ppo_loss) -> tuple[dict, int]:
     """PPO's epochs of minibatch steps on one rollout: `batch` = (windows, valid, actions, logprobs, advantages,
     returns, values), flat over steps. Returns the losses' means and the first minibatch's diagnostics (as logged),
     and the epochs done."""
@@ -773,7 +775,7 @@ def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, batch: tup
         for start in range(0, args.batch_size, args.minibatch_size):
             idx = permutation[start : start + args.minibatch_size]
             # index_select, not x[idx]: the same rows at a third to a quarter of the cost on the CPU
-            loss, stats = ppo_loss(agent, *(x.index_select(0, idx) for x in batch), args)
+            loss, stats = loss_fn(agent, *(x.index_select(0, idx) for x in batch), args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             # torchrun: every process steps with the mean gradient and, for the adaptive rate and the early stop,
@@ -1109,6 +1111,12 @@ def train(args: Args, on_iteration=None) -> dict:
             dist.broadcast(tensor, src=0)
     reward_scaler = RewardScaler(args.num_envs, args.gamma).to(policy_device)
     optimizer = make_optimizer(agent, args)
+    if args.compile:  # compiled random draws as in eager mode, so that a seed gives the same run with or without
+        from torch._inductor import config as inductor_config
+
+        inductor_config.fallback_random = True
+    get_action_and_value = torch.compile(agent.get_action_and_value) if args.compile else agent.get_action_and_value
+    loss_fn = torch.compile(ppo_loss) if args.compile else ppo_loss
     adaptive_lr = args.anneal_lr and args.lr_schedule == "adaptive_kl"
     # Everything a checkpoint holds besides counters and the envs, saved and restored by the same names: shared by all
     # processes under torchrun (identical in each), and each process's own (process 0's at the top level, the others'
@@ -1196,7 +1204,7 @@ def train(args: Args, on_iteration=None) -> dict:
                     obs_buf[step] = next_obs
                     context.push(next_obs)
                     episode_buf[step] = context.episode_id
-                    action, logprob, _, value = agent.get_action_and_value(context.obs, context.valid())
+                    action, logprob, _, value = get_action_and_value(context.obs, context.valid())
                     actions_buf[step], logprobs_buf[step], values_buf[step] = action, logprob, value
                     next_obs_raw, reward, terminated, truncated, info = step_envs(
                         vec, agent.env_action(action), args.env_id, global_step + step * N, iteration)
@@ -1226,7 +1234,7 @@ def train(args: Args, on_iteration=None) -> dict:
             b_values, b_advantages, b_returns = values_buf.flatten(), advantages.flatten(), returns.flatten()
             batch = (windows.reshape(T * N, K, obs_dim), valid.reshape(T * N, K), actions_buf.flatten(0, 1),
                      logprobs_buf.flatten(), b_advantages, b_returns, b_values)
-            update_stats, epochs_done = update(agent, optimizer, batch, args)
+            update_stats, epochs_done = update(agent, optimizer, batch, args, loss_fn)
             update_time = time.perf_counter() - update_start
             torch.set_num_threads(rollout_threads)
 
