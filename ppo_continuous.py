@@ -209,78 +209,6 @@ def task_args(env_id: str, **flags) -> Args:
     return Args(**{**PRESETS.get(env_id, CLEANRL), "env_id": env_id, **flags})
 
 
-class UsageError(ValueError):
-    """Bad input (a flag, a checkpoint, the run directory): reported as one line naming the flag and the fix."""
-
-
-def resolve_args(args: Args) -> Args:
-    """Checks the flags and derives the batch sizes."""
-    if args.cuda:
-        args.policy_device = args.sim_device = "cuda"
-    check_flags(args, at_least_one=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"))
-    # Under torchrun every process steps --num-envs envs and splits its own batch into --num-minibatches; their
-    # gradients are averaged, so an optimiser step sees world_size minibatches and an iteration world_size batches.
-    args.world_size = dist.get_world_size() if dist.is_initialized() else 1
-    args.batch_size = args.num_envs * args.num_steps
-    if args.batch_size % args.num_minibatches:
-        raise UsageError(
-            f"the batch (--num-envs {args.num_envs} x --num-steps {args.num_steps} = {args.batch_size}) does not "
-            f"divide into --num-minibatches {args.num_minibatches}; choose a divisor of {args.batch_size}"
-        )
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // (args.batch_size * args.world_size)
-    if args.num_iterations < 1:
-        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch "
-                         f"({args.batch_size * args.world_size} steps)")
-    return args
-
-
-def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
-    """Rejects out-of-range flags before anything is written."""
-    # Every rate and coefficient finite first: inf passes "positive" (an infinite learning rate trained until stopped).
-    floats = [f.name for f in fields(args) if isinstance(getattr(args, f.name), float)]
-    rules = [(name, math.isfinite(getattr(args, name)), "a finite number") for name in floats] + [
-        (name, getattr(args, name) >= 1, "at least 1") for name in at_least_one] + [
-        ("seed", args.seed >= 0, "0 or more"),
-        ("learning_rate", args.learning_rate > 0, "positive"),
-        ("gamma", 0 <= args.gamma <= 1, "in [0, 1]"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
-        ("clip_coef", args.clip_coef > 0, "positive"),
-        ("ent_coef", args.ent_coef >= 0, "0 or more"),
-        ("vf_coef", args.vf_coef >= 0, "0 or more"),
-        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
-        ("target_kl", args.target_kl >= 0, "0 (never stop early) or positive"),
-        ("norm_obs_until", args.norm_obs_until >= 0, "0 (never freeze) or a number of observations"),
-        ("desired_kl", args.desired_kl > 0, "positive"),
-        ("lr_min_fraction", 0 <= args.lr_min_fraction <= 1, "in [0, 1]"),
-        ("critic_learning_rate", args.critic_learning_rate >= 0, "0 (--learning-rate) or positive"),
-        ("weight_decay", args.weight_decay > 0 or args.optimizer != "adamw",
-         "above 0 with --optimizer adamw (without decay AdamW is Adam; torch's AdamW default is 0.01)"),
-        ("weight_decay", args.weight_decay >= 0, "0 or more"),
-        ("huber_delta", args.huber_delta > 0, "positive"),
-        ("hidden_sizes", all(width >= 1 for width in args.hidden_sizes), "widths of at least 1"),
-        ("checkpoint_interval", args.checkpoint_interval >= 1, "at least 1"),
-        ("video_interval", args.video_interval >= 1, "at least 1"),
-        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
-        ("exp_name", bool(args.exp_name) and "/" not in args.exp_name,
-         "a non-empty name without '/' (it names the run dir)"),
-        ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
-        ("update_threads", args.update_threads >= 0, "0 (torch's default) or more"),
-        ("dist_timeout_s", args.dist_timeout_s >= 1, "at least 1"),
-    ]
-    for name, ok, requirement in rules:
-        if not ok:
-            raise UsageError(f"--{name.replace('_', '-')} must be {requirement}, got {getattr(args, name)!r}")
-
-
-def pick_device(name: str, flag: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"{flag} cuda (or --cuda) was given but torch sees no CUDA GPU; use {flag} cpu")
-    return torch.device(name)
-
-
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -464,6 +392,11 @@ class Agent(nn.Module):
         return self.env_action(self.actor_mean(obs))
 
 
+def build_agent(args: Args, vec, device: torch.device) -> tuple[Agent, ObsNormalizer]:
+    agent = Agent(args, vec.single_observation_space, vec.single_action_space).to(device)
+    return agent, ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
+
+
 def compute_gae(rewards, values, last_value, final_values, terminated, truncated, gamma, gae_lambda):
     """Generalised advantage estimation over a (num_steps, num_envs) rollout.
 
@@ -482,17 +415,6 @@ def compute_gae(rewards, values, last_value, final_values, terminated, truncated
         running = deltas[t] + gamma * gae_lambda * not_done[t] * running
         advantages[t] = running
     return advantages, advantages + values
-
-
-def mean_std_over_processes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and (unbiased) std of the minibatches of all processes together under torchrun: the same normalised
-    advantages as one process with all the data."""
-    sums = torch.stack([torch.tensor(x.numel(), dtype=torch.float64, device=x.device), x.double().sum(),
-                        x.double().square().sum()])
-    dist.all_reduce(sums)
-    count, total, total_squares = sums
-    mean = total / count
-    return mean.float(), ((total_squares - count * mean.square()) / (count - 1)).clamp(min=0.0).sqrt().float()
 
 
 def normalise_advantages(advantages: torch.Tensor, args: Args) -> torch.Tensor:
@@ -629,6 +551,365 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple
             break
     losses = {f"losses/{k}": v / num_updates for k, v in stat_sums.items() if k != "ratio_max_dev"}
     return {**losses, **first_minibatch}, epoch + 1
+
+
+def train(args: Args, on_iteration=None) -> dict:
+    """Trains, logs to runs/<run>/ and returns a summary: final returns, global step, run directory and the
+    per-iteration metrics (`history`). Under torchrun, every process calls it; process 0 writes the run.
+    `on_iteration(metrics)`, if given, sees each iteration's history entry (a sweep's pruner); an exception it
+    raises ends the run, envs and logs closed."""
+    rank = init_distributed(args)
+    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume else None
+    if checkpoint is not None:
+        if "torch_rng" not in checkpoint:  # written before checkpoints were one dict of stateful objects
+            raise UsageError(f"--resume {args.resume}: a checkpoint of an older version of this script, which cannot "
+                             "be continued; it still evaluates (--eval-checkpoint), or start a new run")
+        args = dataclasses.replace(args_from_checkpoint(checkpoint), resume=args.resume)
+    args = resolve_args(args)
+    policy_device = pick_device(args.policy_device, "--policy-device")
+    pick_device(args.sim_device, "--sim-device")
+    if checkpoint is not None and checkpoint.get("world_size", 1) != args.world_size:
+        raise UsageError(f"--resume {args.resume}: written by {checkpoint.get('world_size', 1)} processes, resumed by "
+                         f"{args.world_size}; resume with torchrun --nproc-per-node {checkpoint.get('world_size', 1)}")
+    torch.manual_seed(args.seed + rank)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    rollout_threads = args.torch_threads or torch.get_num_threads()
+    update_threads = args.update_threads or torch.get_num_threads()
+    torch.set_num_threads(rollout_threads)
+
+    # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
+    vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
+                   render=args.capture_video and rank == 0)
+    agent, obs_norm = build_agent(args, vec, policy_device)
+    if dist.is_initialized():  # every process starts from process 0's network
+        for tensor in agent.state_dict().values():
+            dist.broadcast(tensor, src=0)
+    reward_scaler = RewardScaler(args.num_envs, args.gamma).to(policy_device)
+    optimizer = make_optimizer(agent, args)
+    adaptive_lr = args.anneal_lr and args.lr_schedule == "adaptive_kl"
+    if args.compile:  # compiled random draws as in eager mode, so that a seed gives the same run with or without
+        from torch._inductor import config as inductor_config
+
+        inductor_config.fallback_random = True
+    get_action_and_value = torch.compile(agent.get_action_and_value) if args.compile else agent.get_action_and_value
+    loss_fn = torch.compile(ppo_loss) if args.compile else ppo_loss
+    # Everything a checkpoint holds besides counters and the envs, saved and restored by the same names: shared by all
+    # processes under torchrun (identical in each), and each process's own (process 0's at the top level, the others'
+    # in "other_processes").
+    stateful = {"model": agent, "optimizer": optimizer, "obs_normalizer": obs_norm}
+    own_stateful = {"reward_scaler": reward_scaler}
+
+    global_step, start_iteration = 0, 1
+    next_obs_raw, _ = vec.reset(seed=args.seed + rank * args.num_envs)
+    if checkpoint is None:
+        obs_norm.update(next_obs_raw)
+    else:
+        own = checkpoint if rank == 0 else checkpoint["other_processes"][rank - 1]
+        for name, obj in stateful.items():
+            obj.load_state_dict(checkpoint[name])
+        for name, obj in own_stateful.items():
+            obj.load_state_dict(own[name])
+        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
+        torch.set_rng_state(own["torch_rng"])
+        if own["env"] is not None:
+            vec.load_state_dict(own["env"])
+            next_obs_raw = own["next_obs_raw"].to(policy_device)
+        else:
+            print("[resume] this task's env state was not saved: envs start from a fresh reset")
+
+    run_dir, writer, wandb_run = None, None, None  # process 0's alone under torchrun
+    if rank == 0:
+        try:  # only now, with the flags, the checkpoint and the env accepted: a rejected run leaves nothing behind
+            run_dir = run_dir_of(args.resume) if checkpoint is not None else create_run_dir(args)
+        except UsageError:
+            vec.close()
+            raise
+        writer, wandb_run = open_logs(args, run_dir, resumed_at=global_step if checkpoint is not None else None)
+
+    T, N = args.num_steps, args.num_envs
+    obs_dim, act_dim = vec.single_observation_space.shape[0], vec.single_action_space.shape[0]
+    buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=policy_device)  # noqa: E731
+    obs_buf, final_obs_buf, actions_buf = buf(obs_dim), buf(obs_dim), buf(act_dim)
+    logprobs_buf, rewards_buf, values_buf = buf(), buf(), buf()
+    terminated_buf, truncated_buf = buf(dtype=torch.bool), buf(dtype=torch.bool)
+    reports = RolloutReports(T, N, policy_device)
+    recent_returns: list[float] = []
+    history: list[dict] = []
+
+    def own_state() -> dict:
+        try:
+            env_state = vec.state_dict()
+        except NotImplementedError:
+            env_state = None
+        return {"torch_rng": torch.get_rng_state(), "env": env_state, "next_obs_raw": next_obs_raw.cpu(),
+                **{name: obj.state_dict() for name, obj in own_stateful.items()}}
+
+    def checkpoint_state(iteration: int, own_states: list[dict]) -> dict:
+        return {"script": CHECKPOINT_KIND, "args": asdict(args), "global_step": global_step, "iteration": iteration,
+                "world_size": args.world_size, **own_states[0], "other_processes": own_states[1:],
+                **{name: obj.state_dict() for name, obj in stateful.items()}}
+
+    stop = StopSignal()
+    progress = None
+    if args.progress_bar and rank == 0:
+        from tqdm import tqdm
+
+        progress = tqdm(total=args.num_iterations, initial=start_iteration - 1, unit="it", dynamic_ncols=True)
+    recorder = EpisodeRecorder()
+    iteration, last_completed, stopping = start_iteration - 1, None, None
+    next_obs = obs_norm(next_obs_raw)
+    try:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            if args.world_size == 1:  # what the last completed iteration left: saved if the env fails in this rollout
+                last_completed = copy.deepcopy(checkpoint_state(iteration - 1, [own_state()]))
+            if not adaptive_lr:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr_fraction(args, iteration) * group["initial_lr"]
+            if args.capture_video and rank == 0 and (iteration - 1) % args.video_interval == 0:
+                recorder.start()
+            rollout_start = time.perf_counter()
+            reports.start()
+            with torch.inference_mode():
+                for step in range(T):
+                    obs_buf[step] = next_obs
+                    action, logprob, _, value = get_action_and_value(next_obs)
+                    actions_buf[step], logprobs_buf[step], values_buf[step] = action, logprob, value
+                    next_obs_raw, reward, terminated, truncated, info = step_envs(
+                        vec, agent.env_action(action), args.env_id, global_step + step * N, iteration)
+                    obs_norm.update(next_obs_raw)
+                    next_obs, final_obs_buf[step] = obs_norm(next_obs_raw), obs_norm(info["final_obs"])
+                    rewards_buf[step] = reward
+                    terminated_buf[step], truncated_buf[step] = terminated, truncated
+                    reports.record(step, info)
+                    if args.capture_video and rank == 0:
+                        path = os.path.join(run_dir, "videos", f"train_{global_step + (step + 1) * N}.mp4")
+                        if recorder.step(vec, terminated | truncated, path):
+                            video_saved(path, wandb_run, global_step)
+
+                last_value = agent.get_value(next_obs)
+                final_values = agent.get_value(final_obs_buf.flatten(0, 1)).view(T, N)
+                rewards = reward_scaler(rewards_buf, terminated_buf | truncated_buf) if args.norm_reward else rewards_buf
+                advantages, returns = compute_gae(rewards, values_buf, last_value, final_values, terminated_buf,
+                                                  truncated_buf, args.gamma, args.gae_lambda)
+            global_step += T * N * args.world_size
+            rollout_time = time.perf_counter() - rollout_start
+
+            update_start = time.perf_counter()
+            torch.set_num_threads(update_threads)
+            b_values, b_advantages, b_returns = values_buf.flatten(), advantages.flatten(), returns.flatten()
+            batch = (obs_buf.flatten(0, 1), actions_buf.flatten(0, 1), logprobs_buf.flatten(), b_advantages, b_returns,
+                     b_values)
+            update_stats, epochs_done = update(agent, optimizer, loss_fn, batch, args)
+            update_time = time.perf_counter() - update_start
+            torch.set_num_threads(rollout_threads)
+
+            # Stop after the iteration where a signal had reached any process when they exchanged reports; one
+            # arriving during or after the exchange stays in stop.signum for the next (not overwritten by None).
+            merged, ended_returns, ended_lengths, stopping = reports.merged(stop.signum)
+
+            # Logged: what shows a failing run (docs/design.md §4), nothing derivable; one host transfer per iteration.
+            with torch.no_grad():
+                var_returns = b_returns.var()
+                scalars = {
+                    **update_stats,
+                    "losses/explained_variance": 1 - (b_returns - b_values).var() / var_returns,
+                    "policy/action_std": agent.actor_logstd.exp().mean(),
+                    "values/mean": b_values.mean(), "values/std": b_values.std(),
+                    "values/returns_variance": var_returns,
+                    "advantages/mean": b_advantages.mean(), "advantages/std": b_advantages.std(), **merged,
+                }
+                finished = torch.stack([ended_returns, ended_lengths]).cpu().tolist()
+            metrics = dict(zip(scalars, torch.stack([torch.as_tensor(v, dtype=torch.float64).to(policy_device)
+                                                     for v in scalars.values()]).cpu().tolist()))
+            metrics.update({"charts/learning_rate": optimizer.param_groups[0]["lr"], "time/rollout_s": rollout_time,
+                            "charts/update_epochs_done": epochs_done, "time/update_s": update_time,
+                            "charts/SPS": T * N * args.world_size / (rollout_time + update_time)})
+            if not finished[0]:  # no episode ended: no success rate or task metric (the mean of nothing is NaN)
+                metrics = {k: v for k, v in metrics.items() if not k.startswith(("charts/success", "episode_metrics/"))}
+            write_logs(writer, wandb_run, metrics, finished, global_step)
+            recent_returns = (recent_returns + finished[0])[-100:]
+            history.append({"iteration": iteration, "global_step": global_step, **metrics})
+            if on_iteration is not None:
+                on_iteration(history[-1])
+            if progress is not None:
+                show_progress(progress, metrics, recent_returns)
+            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stopping:
+                own_states = gather_processes(own_state())
+                if rank == 0:
+                    save_checkpoint(run_dir, checkpoint_state(iteration, own_states))
+            if stopping:
+                break
+    except EnvStepError as error:
+        if last_completed is None:  # torchrun: the other processes' states are out of reach; the last checkpoint stands
+            raise
+        path = save_checkpoint(run_dir, last_completed)
+        with open(os.path.join(run_dir, "error.txt"), "w") as f:
+            traceback.print_exception(error.__cause__, file=f)
+        raise EnvStepError(f"{error}; its traceback is in {os.path.join(run_dir, 'error.txt')}; the last completed "
+                           f"iteration ({last_completed['iteration']}) is saved: fix the env, then --resume {path}"
+                           ) from None
+    finally:
+        stop.restore()
+        if progress is not None:
+            progress.close()
+        if writer is not None:
+            writer.close()
+        vec.close()
+        if wandb_run is not None:
+            wandb_run.finish()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return {
+        "run_dir": run_dir,
+        "checkpoint": os.path.join(run_dir, "checkpoint.pt") if run_dir else None,
+        "global_step": global_step,
+        "iteration": iteration,
+        "mean_recent_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
+        "history": history,
+        "stopped_by": stopping,  # the signal that stopped the run early, or None
+    }
+
+
+@torch.inference_mode()
+def evaluate(
+    checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
+) -> dict:
+    """Runs `episodes` deterministic (mean-action) episodes with the checkpoint's frozen normaliser.
+
+    The episodes are spread evenly over the envs and each env's first ones count, so short episodes are not
+    over-counted. Every episode starts fresh (no staggered first episodes); the tasks draw from a seed the
+    training never used.
+    """
+    if episodes < 1:
+        raise UsageError(f"--eval-episodes must be at least 1, got {episodes}")
+    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
+    args = dataclasses.replace(args_from_checkpoint(checkpoint), sim_device=sim_device)
+    policy_device = pick_device(device, "--policy-device")
+    num_envs = min(episodes, max(16, args.num_envs))
+    quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
+    vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, stagger_episodes=False)
+    agent, obs_norm = build_agent(args, vec, policy_device)
+    agent.load_state_dict(checkpoint["model"])
+    obs_norm.load_state_dict(checkpoint["obs_normalizer"])
+    obs, _ = vec.reset()
+    returns, successes = [[] for _ in range(num_envs)], [[] for _ in range(num_envs)]
+    lengths, task_metrics = [], {}  # of the counted episodes; the task's own metrics (info["episode_metrics"])
+    recorder, video = EpisodeRecorder(), os.path.join(run_dir_of(checkpoint_path), "videos", "eval.mp4")
+    if capture_video:
+        recorder.start(vec)
+    while any(len(r) < q for r, q in zip(returns, quota)):
+        obs, _, terminated, truncated, info = vec.step(agent.mean_action(obs_norm(obs)))
+        if capture_video:
+            recorder.step(vec, terminated | truncated, video)
+        episode = info["episode"]
+        for i in episode["mask"].nonzero().flatten().tolist():
+            if len(returns[i]) < quota[i]:
+                returns[i].append(float(episode["r"][i]))
+                lengths.append(int(episode["l"][i]))
+                if "success" in info:
+                    successes[i].append(bool(info["success"][i]))
+                for name, value in info.get("episode_metrics", {}).items():
+                    task_metrics.setdefault(name, []).append(float(value[i]))
+    vec.close()
+    flat_returns = [r for env_returns in returns for r in env_returns]
+    result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
+              "std_return": float(np.std(flat_returns)), "mean_length": float(np.mean(lengths)),
+              **{name: float(np.mean(values)) for name, values in task_metrics.items()}}
+    if any(successes):
+        result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
+    if capture_video:
+        result["video"] = video
+    print(json.dumps(result))
+    return result
+
+
+# ====================================================================================================================
+# Below: run plumbing, the same in all three scripts (flag checks, torchrun, run directories, checkpoints,
+# signals, logging, the command line). No need to read it to change the algorithm.
+# ====================================================================================================================
+
+
+class UsageError(ValueError):
+    """Bad input (a flag, a checkpoint, the run directory): reported as one line naming the flag and the fix."""
+
+
+def resolve_args(args: Args) -> Args:
+    """Checks the flags and derives the batch sizes."""
+    if args.cuda:
+        args.policy_device = args.sim_device = "cuda"
+    check_flags(args, at_least_one=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"))
+    # Under torchrun every process steps --num-envs envs and splits its own batch into --num-minibatches; their
+    # gradients are averaged, so an optimiser step sees world_size minibatches and an iteration world_size batches.
+    args.world_size = dist.get_world_size() if dist.is_initialized() else 1
+    args.batch_size = args.num_envs * args.num_steps
+    if args.batch_size % args.num_minibatches:
+        raise UsageError(
+            f"the batch (--num-envs {args.num_envs} x --num-steps {args.num_steps} = {args.batch_size}) does not "
+            f"divide into --num-minibatches {args.num_minibatches}; choose a divisor of {args.batch_size}"
+        )
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // (args.batch_size * args.world_size)
+    if args.num_iterations < 1:
+        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch "
+                         f"({args.batch_size * args.world_size} steps)")
+    return args
+
+
+def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
+    """Rejects out-of-range flags before anything is written."""
+    # Every rate and coefficient finite first: inf passes "positive" (an infinite learning rate trained until stopped).
+    floats = [f.name for f in fields(args) if isinstance(getattr(args, f.name), float)]
+    rules = [(name, math.isfinite(getattr(args, name)), "a finite number") for name in floats] + [
+        (name, getattr(args, name) >= 1, "at least 1") for name in at_least_one] + [
+        ("seed", args.seed >= 0, "0 or more"),
+        ("learning_rate", args.learning_rate > 0, "positive"),
+        ("gamma", 0 <= args.gamma <= 1, "in [0, 1]"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
+        ("clip_coef", args.clip_coef > 0, "positive"),
+        ("ent_coef", args.ent_coef >= 0, "0 or more"),
+        ("vf_coef", args.vf_coef >= 0, "0 or more"),
+        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
+        ("target_kl", args.target_kl >= 0, "0 (never stop early) or positive"),
+        ("norm_obs_until", args.norm_obs_until >= 0, "0 (never freeze) or a number of observations"),
+        ("desired_kl", args.desired_kl > 0, "positive"),
+        ("lr_min_fraction", 0 <= args.lr_min_fraction <= 1, "in [0, 1]"),
+        ("critic_learning_rate", args.critic_learning_rate >= 0, "0 (--learning-rate) or positive"),
+        ("weight_decay", args.weight_decay > 0 or args.optimizer != "adamw",
+         "above 0 with --optimizer adamw (without decay AdamW is Adam; torch's AdamW default is 0.01)"),
+        ("weight_decay", args.weight_decay >= 0, "0 or more"),
+        ("huber_delta", args.huber_delta > 0, "positive"),
+        ("hidden_sizes", all(width >= 1 for width in args.hidden_sizes), "widths of at least 1"),
+        ("checkpoint_interval", args.checkpoint_interval >= 1, "at least 1"),
+        ("video_interval", args.video_interval >= 1, "at least 1"),
+        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
+        ("exp_name", bool(args.exp_name) and "/" not in args.exp_name,
+         "a non-empty name without '/' (it names the run dir)"),
+        ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
+        ("update_threads", args.update_threads >= 0, "0 (torch's default) or more"),
+        ("dist_timeout_s", args.dist_timeout_s >= 1, "at least 1"),
+    ]
+    for name, ok, requirement in rules:
+        if not ok:
+            raise UsageError(f"--{name.replace('_', '-')} must be {requirement}, got {getattr(args, name)!r}")
+
+
+def pick_device(name: str, flag: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"{flag} cuda (or --cuda) was given but torch sees no CUDA GPU; use {flag} cpu")
+    return torch.device(name)
+
+
+def mean_std_over_processes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and (unbiased) std of the minibatches of all processes together under torchrun: the same normalised
+    advantages as one process with all the data."""
+    sums = torch.stack([torch.tensor(x.numel(), dtype=torch.float64, device=x.device), x.double().sum(),
+                        x.double().square().sum()])
+    dist.all_reduce(sums)
+    count, total, total_squares = sums
+    mean = total / count
+    return mean.float(), ((total_squares - count * mean.square()) / (count - 1)).clamp(min=0.0).sqrt().float()
 
 
 # Data-parallel training under torchrun, as rsl_rl's and CleanRL's multi-GPU PPO: each process steps its own envs,
@@ -904,281 +1185,6 @@ def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render:
     except ValueError as error:  # an unknown id, or an option the task does not have or rejects
         flag = "--env-kwargs" if args.env_kwargs and not isinstance(error, envs.UnknownTaskError) else "--env-id"
         raise UsageError(f"{flag}: {error}") from None
-
-
-def build_agent(args: Args, vec, device: torch.device) -> tuple[Agent, ObsNormalizer]:
-    agent = Agent(args, vec.single_observation_space, vec.single_action_space).to(device)
-    return agent, ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
-
-
-def train(args: Args, on_iteration=None) -> dict:
-    """Trains, logs to runs/<run>/ and returns a summary: final returns, global step, run directory and the
-    per-iteration metrics (`history`). Under torchrun, every process calls it; process 0 writes the run.
-    `on_iteration(metrics)`, if given, sees each iteration's history entry (a sweep's pruner); an exception it
-    raises ends the run, envs and logs closed."""
-    rank = init_distributed(args)
-    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume else None
-    if checkpoint is not None:
-        if "torch_rng" not in checkpoint:  # written before checkpoints were one dict of stateful objects
-            raise UsageError(f"--resume {args.resume}: a checkpoint of an older version of this script, which cannot "
-                             "be continued; it still evaluates (--eval-checkpoint), or start a new run")
-        args = dataclasses.replace(args_from_checkpoint(checkpoint), resume=args.resume)
-    args = resolve_args(args)
-    policy_device = pick_device(args.policy_device, "--policy-device")
-    pick_device(args.sim_device, "--sim-device")
-    if checkpoint is not None and checkpoint.get("world_size", 1) != args.world_size:
-        raise UsageError(f"--resume {args.resume}: written by {checkpoint.get('world_size', 1)} processes, resumed by "
-                         f"{args.world_size}; resume with torchrun --nproc-per-node {checkpoint.get('world_size', 1)}")
-    torch.manual_seed(args.seed + rank)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    rollout_threads = args.torch_threads or torch.get_num_threads()
-    update_threads = args.update_threads or torch.get_num_threads()
-    torch.set_num_threads(rollout_threads)
-
-    # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
-    vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
-                   render=args.capture_video and rank == 0)
-    agent, obs_norm = build_agent(args, vec, policy_device)
-    if dist.is_initialized():  # every process starts from process 0's network
-        for tensor in agent.state_dict().values():
-            dist.broadcast(tensor, src=0)
-    reward_scaler = RewardScaler(args.num_envs, args.gamma).to(policy_device)
-    optimizer = make_optimizer(agent, args)
-    adaptive_lr = args.anneal_lr and args.lr_schedule == "adaptive_kl"
-    if args.compile:  # compiled random draws as in eager mode, so that a seed gives the same run with or without
-        from torch._inductor import config as inductor_config
-
-        inductor_config.fallback_random = True
-    get_action_and_value = torch.compile(agent.get_action_and_value) if args.compile else agent.get_action_and_value
-    loss_fn = torch.compile(ppo_loss) if args.compile else ppo_loss
-    # Everything a checkpoint holds besides counters and the envs, saved and restored by the same names: shared by all
-    # processes under torchrun (identical in each), and each process's own (process 0's at the top level, the others'
-    # in "other_processes").
-    stateful = {"model": agent, "optimizer": optimizer, "obs_normalizer": obs_norm}
-    own_stateful = {"reward_scaler": reward_scaler}
-
-    global_step, start_iteration = 0, 1
-    next_obs_raw, _ = vec.reset(seed=args.seed + rank * args.num_envs)
-    if checkpoint is None:
-        obs_norm.update(next_obs_raw)
-    else:
-        own = checkpoint if rank == 0 else checkpoint["other_processes"][rank - 1]
-        for name, obj in stateful.items():
-            obj.load_state_dict(checkpoint[name])
-        for name, obj in own_stateful.items():
-            obj.load_state_dict(own[name])
-        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
-        torch.set_rng_state(own["torch_rng"])
-        if own["env"] is not None:
-            vec.load_state_dict(own["env"])
-            next_obs_raw = own["next_obs_raw"].to(policy_device)
-        else:
-            print("[resume] this task's env state was not saved: envs start from a fresh reset")
-
-    run_dir, writer, wandb_run = None, None, None  # process 0's alone under torchrun
-    if rank == 0:
-        try:  # only now, with the flags, the checkpoint and the env accepted: a rejected run leaves nothing behind
-            run_dir = run_dir_of(args.resume) if checkpoint is not None else create_run_dir(args)
-        except UsageError:
-            vec.close()
-            raise
-        writer, wandb_run = open_logs(args, run_dir, resumed_at=global_step if checkpoint is not None else None)
-
-    T, N = args.num_steps, args.num_envs
-    obs_dim, act_dim = vec.single_observation_space.shape[0], vec.single_action_space.shape[0]
-    buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=policy_device)  # noqa: E731
-    obs_buf, final_obs_buf, actions_buf = buf(obs_dim), buf(obs_dim), buf(act_dim)
-    logprobs_buf, rewards_buf, values_buf = buf(), buf(), buf()
-    terminated_buf, truncated_buf = buf(dtype=torch.bool), buf(dtype=torch.bool)
-    reports = RolloutReports(T, N, policy_device)
-    recent_returns: list[float] = []
-    history: list[dict] = []
-
-    def own_state() -> dict:
-        try:
-            env_state = vec.state_dict()
-        except NotImplementedError:
-            env_state = None
-        return {"torch_rng": torch.get_rng_state(), "env": env_state, "next_obs_raw": next_obs_raw.cpu(),
-                **{name: obj.state_dict() for name, obj in own_stateful.items()}}
-
-    def checkpoint_state(iteration: int, own_states: list[dict]) -> dict:
-        return {"script": CHECKPOINT_KIND, "args": asdict(args), "global_step": global_step, "iteration": iteration,
-                "world_size": args.world_size, **own_states[0], "other_processes": own_states[1:],
-                **{name: obj.state_dict() for name, obj in stateful.items()}}
-
-    stop = StopSignal()
-    progress = None
-    if args.progress_bar and rank == 0:
-        from tqdm import tqdm
-
-        progress = tqdm(total=args.num_iterations, initial=start_iteration - 1, unit="it", dynamic_ncols=True)
-    recorder = EpisodeRecorder()
-    iteration, last_completed, stopping = start_iteration - 1, None, None
-    next_obs = obs_norm(next_obs_raw)
-    try:
-        for iteration in range(start_iteration, args.num_iterations + 1):
-            if args.world_size == 1:  # what the last completed iteration left: saved if the env fails in this rollout
-                last_completed = copy.deepcopy(checkpoint_state(iteration - 1, [own_state()]))
-            if not adaptive_lr:
-                for group in optimizer.param_groups:
-                    group["lr"] = lr_fraction(args, iteration) * group["initial_lr"]
-            if args.capture_video and rank == 0 and (iteration - 1) % args.video_interval == 0:
-                recorder.start()
-            rollout_start = time.perf_counter()
-            reports.start()
-            with torch.inference_mode():
-                for step in range(T):
-                    obs_buf[step] = next_obs
-                    action, logprob, _, value = get_action_and_value(next_obs)
-                    actions_buf[step], logprobs_buf[step], values_buf[step] = action, logprob, value
-                    next_obs_raw, reward, terminated, truncated, info = step_envs(
-                        vec, agent.env_action(action), args.env_id, global_step + step * N, iteration)
-                    obs_norm.update(next_obs_raw)
-                    next_obs, final_obs_buf[step] = obs_norm(next_obs_raw), obs_norm(info["final_obs"])
-                    rewards_buf[step] = reward
-                    terminated_buf[step], truncated_buf[step] = terminated, truncated
-                    reports.record(step, info)
-                    if args.capture_video and rank == 0:
-                        path = os.path.join(run_dir, "videos", f"train_{global_step + (step + 1) * N}.mp4")
-                        if recorder.step(vec, terminated | truncated, path):
-                            video_saved(path, wandb_run, global_step)
-
-                last_value = agent.get_value(next_obs)
-                final_values = agent.get_value(final_obs_buf.flatten(0, 1)).view(T, N)
-                rewards = reward_scaler(rewards_buf, terminated_buf | truncated_buf) if args.norm_reward else rewards_buf
-                advantages, returns = compute_gae(rewards, values_buf, last_value, final_values, terminated_buf,
-                                                  truncated_buf, args.gamma, args.gae_lambda)
-            global_step += T * N * args.world_size
-            rollout_time = time.perf_counter() - rollout_start
-
-            update_start = time.perf_counter()
-            torch.set_num_threads(update_threads)
-            b_values, b_advantages, b_returns = values_buf.flatten(), advantages.flatten(), returns.flatten()
-            batch = (obs_buf.flatten(0, 1), actions_buf.flatten(0, 1), logprobs_buf.flatten(), b_advantages, b_returns,
-                     b_values)
-            update_stats, epochs_done = update(agent, optimizer, loss_fn, batch, args)
-            update_time = time.perf_counter() - update_start
-            torch.set_num_threads(rollout_threads)
-
-            # Stop after the iteration where a signal had reached any process when they exchanged reports; one
-            # arriving during or after the exchange stays in stop.signum for the next (not overwritten by None).
-            merged, ended_returns, ended_lengths, stopping = reports.merged(stop.signum)
-
-            # Logged: what shows a failing run (docs/design.md §4), nothing derivable; one host transfer per iteration.
-            with torch.no_grad():
-                var_returns = b_returns.var()
-                scalars = {
-                    **update_stats,
-                    "losses/explained_variance": 1 - (b_returns - b_values).var() / var_returns,
-                    "policy/action_std": agent.actor_logstd.exp().mean(),
-                    "values/mean": b_values.mean(), "values/std": b_values.std(),
-                    "values/returns_variance": var_returns,
-                    "advantages/mean": b_advantages.mean(), "advantages/std": b_advantages.std(), **merged,
-                }
-                finished = torch.stack([ended_returns, ended_lengths]).cpu().tolist()
-            metrics = dict(zip(scalars, torch.stack([torch.as_tensor(v, dtype=torch.float64).to(policy_device)
-                                                     for v in scalars.values()]).cpu().tolist()))
-            metrics.update({"charts/learning_rate": optimizer.param_groups[0]["lr"], "time/rollout_s": rollout_time,
-                            "charts/update_epochs_done": epochs_done, "time/update_s": update_time,
-                            "charts/SPS": T * N * args.world_size / (rollout_time + update_time)})
-            if not finished[0]:  # no episode ended: no success rate or task metric (the mean of nothing is NaN)
-                metrics = {k: v for k, v in metrics.items() if not k.startswith(("charts/success", "episode_metrics/"))}
-            write_logs(writer, wandb_run, metrics, finished, global_step)
-            recent_returns = (recent_returns + finished[0])[-100:]
-            history.append({"iteration": iteration, "global_step": global_step, **metrics})
-            if on_iteration is not None:
-                on_iteration(history[-1])
-            if progress is not None:
-                show_progress(progress, metrics, recent_returns)
-            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stopping:
-                own_states = gather_processes(own_state())
-                if rank == 0:
-                    save_checkpoint(run_dir, checkpoint_state(iteration, own_states))
-            if stopping:
-                break
-    except EnvStepError as error:
-        if last_completed is None:  # torchrun: the other processes' states are out of reach; the last checkpoint stands
-            raise
-        path = save_checkpoint(run_dir, last_completed)
-        with open(os.path.join(run_dir, "error.txt"), "w") as f:
-            traceback.print_exception(error.__cause__, file=f)
-        raise EnvStepError(f"{error}; its traceback is in {os.path.join(run_dir, 'error.txt')}; the last completed "
-                           f"iteration ({last_completed['iteration']}) is saved: fix the env, then --resume {path}"
-                           ) from None
-    finally:
-        stop.restore()
-        if progress is not None:
-            progress.close()
-        if writer is not None:
-            writer.close()
-        vec.close()
-        if wandb_run is not None:
-            wandb_run.finish()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return {
-        "run_dir": run_dir,
-        "checkpoint": os.path.join(run_dir, "checkpoint.pt") if run_dir else None,
-        "global_step": global_step,
-        "iteration": iteration,
-        "mean_recent_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
-        "history": history,
-        "stopped_by": stopping,  # the signal that stopped the run early, or None
-    }
-
-
-@torch.inference_mode()
-def evaluate(
-    checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
-) -> dict:
-    """Runs `episodes` deterministic (mean-action) episodes with the checkpoint's frozen normaliser.
-
-    The episodes are spread evenly over the envs and each env's first ones count, so short episodes are not
-    over-counted. Every episode starts fresh (no staggered first episodes); the tasks draw from a seed the
-    training never used.
-    """
-    if episodes < 1:
-        raise UsageError(f"--eval-episodes must be at least 1, got {episodes}")
-    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
-    args = dataclasses.replace(args_from_checkpoint(checkpoint), sim_device=sim_device)
-    policy_device = pick_device(device, "--policy-device")
-    num_envs = min(episodes, max(16, args.num_envs))
-    quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
-    vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, stagger_episodes=False)
-    agent, obs_norm = build_agent(args, vec, policy_device)
-    agent.load_state_dict(checkpoint["model"])
-    obs_norm.load_state_dict(checkpoint["obs_normalizer"])
-    obs, _ = vec.reset()
-    returns, successes = [[] for _ in range(num_envs)], [[] for _ in range(num_envs)]
-    lengths, task_metrics = [], {}  # of the counted episodes; the task's own metrics (info["episode_metrics"])
-    recorder, video = EpisodeRecorder(), os.path.join(run_dir_of(checkpoint_path), "videos", "eval.mp4")
-    if capture_video:
-        recorder.start(vec)
-    while any(len(r) < q for r, q in zip(returns, quota)):
-        obs, _, terminated, truncated, info = vec.step(agent.mean_action(obs_norm(obs)))
-        if capture_video:
-            recorder.step(vec, terminated | truncated, video)
-        episode = info["episode"]
-        for i in episode["mask"].nonzero().flatten().tolist():
-            if len(returns[i]) < quota[i]:
-                returns[i].append(float(episode["r"][i]))
-                lengths.append(int(episode["l"][i]))
-                if "success" in info:
-                    successes[i].append(bool(info["success"][i]))
-                for name, value in info.get("episode_metrics", {}).items():
-                    task_metrics.setdefault(name, []).append(float(value[i]))
-    vec.close()
-    flat_returns = [r for env_returns in returns for r in env_returns]
-    result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
-              "std_return": float(np.std(flat_returns)), "mean_length": float(np.mean(lengths)),
-              **{name: float(np.mean(values)) for name, values in task_metrics.items()}}
-    if any(successes):
-        result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
-    if capture_video:
-        result["video"] = video
-    print(json.dumps(result))
-    return result
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
