@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 
 import gymnasium as gym
-import numpy as np
 import torch
 import tyro
 
@@ -67,8 +66,8 @@ def synthetic_update(module, args, obs_space, action_space, episode_length: int)
         with torch.no_grad():
             _, logprobs, _, values, _ = agent.get_action_and_value(obs, state_buf[0], starts, actions)
         optimizer = module.make_optimizer(agent, args)
-        rollout = (obs, starts, actions, logprobs, values, advantages, returns)
-        return lambda: module.update(agent, optimizer, rollout, state_buf, args)
+        batch = (obs, starts, actions, logprobs, values, advantages, returns)
+        return lambda: module.update(agent, optimizer, module.ppo_loss, batch, state_buf, args)
     if hasattr(module, "TransformerAgent"):
         agent = module.TransformerAgent(args, obs_space, action_space)
         # every step's window of K observations, all valid: attention costs the same whatever the mask
