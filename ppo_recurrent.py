@@ -1166,7 +1166,8 @@ def args_from_checkpoint(checkpoint: dict) -> Args:
     return args
 
 
-def restore(checkpoint: dict | None, rank: int, vec, stateful: dict, own_stateful: dict, carry: dict) -> tuple[int, int]:
+def restore(checkpoint: dict | None, rank: int, vec, stateful: dict, own_stateful: dict,
+            carry: dict) -> tuple[int, int]:
     """Loads what Run.save wrote into the run's objects; returns (global_step, first iteration), (0, 1) with no
     checkpoint. `carry` loads with the envs' state or not at all: a task that cannot save its envs starts afresh."""
     if checkpoint is None:

@@ -224,195 +224,10 @@ def task_args(env_id: str, **flags) -> Args:
     return Args(**{**PRESETS.get(env_id, CLEANRL), "env_id": env_id, **flags})
 
 
-class UsageError(ValueError):
-    """Bad input (a flag, a checkpoint, the run directory): reported as one line naming the flag and the fix."""
-
-
-def resolve_args(args: Args) -> Args:
-    """Checks the flags and derives batch sizes."""
-    if args.cuda:
-        args.policy_device = args.sim_device = "cuda"
-    check_flags(args, at_least_one=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps",
-                                     "context_len", "num_tokens", "token_dim", "num_heads", "num_layers",
-                                     "ff_mult"))
-    if args.token_dim % args.num_heads:
-        raise UsageError(f"--num-heads {args.num_heads} does not divide --token-dim {args.token_dim}")
-    # Under torchrun every process steps --num-envs envs and splits its own batch into --num-minibatches; their
-    # gradients are averaged, so an optimiser step sees world_size minibatches and an iteration world_size batches.
-    args.world_size = dist.get_world_size() if dist.is_initialized() else 1
-    args.batch_size = args.num_envs * args.num_steps
-    if args.batch_size % args.num_minibatches:
-        raise UsageError(
-            f"the batch (--num-envs {args.num_envs} x --num-steps {args.num_steps} = {args.batch_size}) does not "
-            f"divide into --num-minibatches {args.num_minibatches}; choose a divisor of {args.batch_size}"
-        )
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // (args.batch_size * args.world_size)
-    if args.num_iterations < 1:
-        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch "
-                         f"({args.batch_size * args.world_size} steps)")
-    return args
-
-
-def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
-    """Rejects out-of-range flags before anything is written."""
-    # Every rate and coefficient finite first: inf passes "positive" (an infinite learning rate trained until stopped).
-    floats = [f.name for f in fields(args) if isinstance(getattr(args, f.name), float)]
-    rules = [(name, math.isfinite(getattr(args, name)), "a finite number") for name in floats] + [
-        (name, getattr(args, name) >= 1, "at least 1") for name in at_least_one] + [
-        ("seed", args.seed >= 0, "0 or more"),
-        ("learning_rate", args.learning_rate > 0, "positive"),
-        ("gamma", 0 <= args.gamma <= 1, "in [0, 1]"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
-        ("clip_coef", args.clip_coef > 0, "positive"),
-        ("ent_coef", args.ent_coef >= 0, "0 or more"),
-        ("vf_coef", args.vf_coef >= 0, "0 or more"),
-        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
-        ("target_kl", args.target_kl >= 0, "0 (never stop early) or positive"),
-        ("norm_obs_until", args.norm_obs_until >= 0, "0 (never freeze) or a number of observations"),
-        ("desired_kl", args.desired_kl > 0, "positive"),
-        ("lr_min_fraction", 0 <= args.lr_min_fraction <= 1, "in [0, 1]"),
-        ("critic_learning_rate", args.critic_learning_rate >= 0, "0 (--learning-rate) or positive"),
-        ("weight_decay", args.weight_decay > 0 or args.optimizer != "adamw",
-         "above 0 with --optimizer adamw (without decay AdamW is Adam; torch's AdamW default is 0.01)"),
-        ("weight_decay", args.weight_decay >= 0, "0 or more"),
-        ("huber_delta", args.huber_delta > 0, "positive"),
-        ("hidden_sizes", all(width >= 1 for width in args.hidden_sizes), "widths of at least 1"),
-        ("checkpoint_interval", args.checkpoint_interval >= 1, "at least 1"),
-        ("video_interval", args.video_interval >= 1, "at least 1"),
-        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
-        ("exp_name", bool(args.exp_name) and "/" not in args.exp_name,
-         "a non-empty name without '/' (it names the run dir)"),
-        ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
-        ("update_threads", args.update_threads >= 0, "0 (torch's default) or more"),
-        ("dist_timeout_s", args.dist_timeout_s >= 1, "at least 1"),
-    ]
-    for name, ok, requirement in rules:
-        if not ok:
-            raise UsageError(f"--{name.replace('_', '-')} must be {requirement}, got {getattr(args, name)!r}")
-
-
-def pick_device(name: str, flag: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"{flag} cuda (or --cuda) was given but torch sees no CUDA GPU; use {flag} cpu")
-    return torch.device(name)
-
-
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
-
-
-class RunningMeanStd(nn.Module):
-    """Running mean and variance, merged batch by batch as (count, mean, M2) (Chan et al.), so that
-    statistics from several workers can be merged the same way."""
-
-    def __init__(self, shape=(), epsilon: float = 1e-4):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
-        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
-        self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64))
-        # The count depends on batch sizes only: a host copy spares a tensor op or a device sync per update.
-        self.host_count = epsilon
-        self.register_load_state_dict_post_hook(lambda module, _: setattr(module, "host_count", module.count.item()))
-
-    @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        batch_var, batch_mean = torch.var_mean(x.double(), dim=0, unbiased=False)
-        batch_count = x.shape[0]
-        if dist.is_initialized():  # torchrun: merge every process's batch (equal sizes), so all normalise alike
-            moments = [torch.empty((2, *batch_mean.shape), dtype=torch.float64, device=x.device)
-                       for _ in range(dist.get_world_size())]
-            dist.all_gather(moments, torch.stack([batch_mean, batch_var]))
-            means, variances = torch.stack(moments).unbind(1)
-            batch_mean, batch_var = means.mean(0), variances.mean(0) + means.var(0, unbiased=False)
-            batch_count *= len(moments)
-        count = self.host_count
-        total = count + batch_count
-        delta = batch_mean - self.mean
-        # M2 = var * count; merged M2 = M2_a + M2_b + delta^2 * n_a * n_b / n
-        self.var.mul_(count / total).add_(batch_var, alpha=batch_count / total)
-        self.var.addcmul_(delta, delta, value=count * batch_count / total**2)
-        self.mean.add_(delta, alpha=batch_count / total)
-        self.count.fill_(total)
-        self.host_count = total
-
-
-class ObsNormalizer(RunningMeanStd):
-    """Observations standardised by running statistics and clipped to +-10; passed through with --no-norm-obs.
-    With `until` > 0 the statistics stop moving once they hold that many observations: the policy's inputs then
-    stop drifting under it."""
-
-    def __init__(self, shape, enabled: bool = True, until: int = 0):
-        super().__init__(shape)
-        self.enabled, self.until = enabled, until
-        # The float32 shift and scale, refreshed whenever the statistics change: normalising (twice per step) then
-        # takes three tensor ops instead of six, which with few envs is a visible share of a step.
-        self.register_buffer("shift", torch.zeros(shape), persistent=False)
-        self.register_buffer("scale", torch.ones(shape), persistent=False)
-        self.refresh()
-        self.register_load_state_dict_post_hook(lambda module, _: module.refresh())
-
-    @torch.no_grad()
-    def refresh(self) -> None:
-        self.shift.copy_(self.mean)
-        self.scale.copy_(torch.rsqrt(self.var + 1e-8))
-
-    def update(self, x: torch.Tensor) -> None:
-        if self.enabled and not 0 < self.until <= self.host_count:
-            super().update(x)
-            self.refresh()
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if not self.enabled:
-            return obs
-        return ((obs - self.shift) * self.scale).clamp(-10.0, 10.0)
-
-
-class RewardScaler(nn.Module):
-    """Divides rewards by the running std of each env's discounted return (as Gymnasium's NormalizeReward,
-    but the running return restarts after the episode that ended, not before its last reward).
-
-    Scales a whole rollout once it is collected (only the update reads rewards): the same numbers as merging
-    each step's returns into the statistics in turn, in one tensor op per step instead of about fifteen (with one
-    env, training/raw throughput on HalfCheetah went from 0.21-0.26 to 0.27-0.29)."""
-
-    def __init__(self, num_envs: int, gamma: float):
-        super().__init__()
-        self.gamma = gamma
-        self.return_rms = RunningMeanStd()
-        self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64))
-
-    @torch.no_grad()
-    def forward(self, rewards: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
-        """rewards, dones: (num_steps, num_envs), in rollout order; returns the scaled rewards."""
-        keep = (~dones).double()
-        returns = rewards.double()  # R_t = r_t + gamma R_{t-1}, restarting after an episode's last step
-        steps, keeps = returns.unbind(0), keep.unbind(0)  # views made once: indexing costs as much as the op
-        steps[0].add_(self.returns, alpha=self.gamma)
-        for t in range(1, len(steps)):
-            steps[t].addcmul_(steps[t - 1], keeps[t - 1], value=self.gamma)
-        self.returns.copy_(returns[-1] * keep[-1])
-        # Statistics after each step's merge, from cumulative sums of deviations from the prior mean m0 (stable
-        # in float64 while the mean moves little within a rollout): M2_t = c0 v0 + sum (x - m0)^2 - n_t (mean_t - m0)^2
-        stats, batch = self.return_rms, returns.shape[1]
-        deviations = returns - stats.mean
-        sums = torch.stack([deviations.sum(1), deviations.square().sum(1)])
-        if dist.is_initialized():  # torchrun: the statistics of every process's returns, so all scale alike
-            dist.all_reduce(sums)
-            batch *= dist.get_world_size()
-        steps_so_far = torch.arange(1, len(returns) + 1, dtype=torch.float64, device=returns.device)
-        counts = stats.host_count + batch * steps_so_far
-        mean_shifts = sums[0].cumsum(0) / counts
-        variances = ((sums[1].cumsum(0) + stats.host_count * stats.var) / counts - mean_shifts.square()).clamp(min=0.0)
-        stats.mean.add_(mean_shifts[-1])
-        stats.var.copy_(variances[-1])
-        stats.host_count += batch * len(returns)
-        stats.count.fill_(stats.host_count)
-        return (rewards / torch.sqrt(variances + 1e-8)[:, None]).float()
 
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -573,6 +388,11 @@ class TransformerAgent(nn.Module):
         return self.env_action(self.actor_mean(self.features(windows, valid)))
 
 
+def build_agent(args: Args, vec, device: torch.device) -> tuple[TransformerAgent, ObsNormalizer]:
+    agent = TransformerAgent(args, vec.single_observation_space, vec.single_action_space).to(device)
+    return agent, ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
+
+
 class Context:
     """Each env's last K observations (the current one last) and the episode id of each, carried across
     steps and rollouts; `valid` marks the steps of the current episode."""
@@ -643,17 +463,6 @@ def compute_gae(rewards, values, last_value, final_values, terminated, truncated
         running = deltas[t] + gamma * gae_lambda * not_done[t] * running
         advantages[t] = running
     return advantages, advantages + values
-
-
-def mean_std_over_processes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and (unbiased) std of the minibatches of all processes together under torchrun: the same normalised
-    advantages as one process with all the data."""
-    sums = torch.stack([torch.tensor(x.numel(), dtype=torch.float64, device=x.device), x.double().sum(),
-                        x.double().square().sum()])
-    dist.all_reduce(sums)
-    count, total, total_squares = sums
-    mean = total / count
-    return mean.float(), ((total_squares - count * mean.square()) / (count - 1)).clamp(min=0.0).sqrt().float()
 
 
 def normalise_advantages(advantages: torch.Tensor, args: Args) -> torch.Tensor:
@@ -758,8 +567,8 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
     return {**norms, **layer_max}
 
 
-def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, batch: tuple,
-           args: Args, loss_fn=ppo_loss) -> tuple[dict, int]:
+def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple,
+           args: Args) -> tuple[dict, int]:
     """PPO's epochs of minibatch steps on one rollout: `batch` = (windows, valid, actions, logprobs, advantages,
     returns, values), flat over steps. Returns the losses' means and the first minibatch's diagnostics (as logged),
     and the epochs done."""
@@ -796,6 +605,471 @@ def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, batch: tup
             break
     losses = {f"losses/{k}": v / num_updates for k, v in stat_sums.items() if k != "ratio_max_dev"}
     return {**losses, **first_minibatch}, epoch + 1
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance, merged batch by batch as (count, mean, M2) (Chan et al.), so that
+    statistics from several workers can be merged the same way."""
+
+    def __init__(self, shape=(), epsilon: float = 1e-4):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64))
+        # The count depends on batch sizes only: a host copy spares a tensor op or a device sync per update.
+        self.host_count = epsilon
+        self.register_load_state_dict_post_hook(lambda module, _: setattr(module, "host_count", module.count.item()))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        batch_var, batch_mean = torch.var_mean(x.double(), dim=0, unbiased=False)
+        batch_count = x.shape[0]
+        if dist.is_initialized():  # torchrun: merge every process's batch (equal sizes), so all normalise alike
+            moments = [torch.empty((2, *batch_mean.shape), dtype=torch.float64, device=x.device)
+                       for _ in range(dist.get_world_size())]
+            dist.all_gather(moments, torch.stack([batch_mean, batch_var]))
+            means, variances = torch.stack(moments).unbind(1)
+            batch_mean, batch_var = means.mean(0), variances.mean(0) + means.var(0, unbiased=False)
+            batch_count *= len(moments)
+        count = self.host_count
+        total = count + batch_count
+        delta = batch_mean - self.mean
+        # M2 = var * count; merged M2 = M2_a + M2_b + delta^2 * n_a * n_b / n
+        self.var.mul_(count / total).add_(batch_var, alpha=batch_count / total)
+        self.var.addcmul_(delta, delta, value=count * batch_count / total**2)
+        self.mean.add_(delta, alpha=batch_count / total)
+        self.count.fill_(total)
+        self.host_count = total
+
+
+class ObsNormalizer(RunningMeanStd):
+    """Observations standardised by running statistics and clipped to +-10; passed through with --no-norm-obs.
+    With `until` > 0 the statistics stop moving once they hold that many observations: the policy's inputs then
+    stop drifting under it."""
+
+    def __init__(self, shape, enabled: bool = True, until: int = 0):
+        super().__init__(shape)
+        self.enabled, self.until = enabled, until
+        # The float32 shift and scale, refreshed whenever the statistics change: normalising (twice per step) then
+        # takes three tensor ops instead of six, which with few envs is a visible share of a step.
+        self.register_buffer("shift", torch.zeros(shape), persistent=False)
+        self.register_buffer("scale", torch.ones(shape), persistent=False)
+        self.refresh()
+        self.register_load_state_dict_post_hook(lambda module, _: module.refresh())
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        self.shift.copy_(self.mean)
+        self.scale.copy_(torch.rsqrt(self.var + 1e-8))
+
+    def update(self, x: torch.Tensor) -> None:
+        if self.enabled and not 0 < self.until <= self.host_count:
+            super().update(x)
+            self.refresh()
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return obs
+        return ((obs - self.shift) * self.scale).clamp(-10.0, 10.0)
+
+
+class RewardScaler(nn.Module):
+    """Divides rewards by the running std of each env's discounted return (as Gymnasium's NormalizeReward,
+    but the running return restarts after the episode that ended, not before its last reward).
+
+    Scales a whole rollout once it is collected (only the update reads rewards): the same numbers as merging
+    each step's returns into the statistics in turn, in one tensor op per step instead of about fifteen (with one
+    env, training/raw throughput on HalfCheetah went from 0.21-0.26 to 0.27-0.29)."""
+
+    def __init__(self, num_envs: int, gamma: float):
+        super().__init__()
+        self.gamma = gamma
+        self.return_rms = RunningMeanStd()
+        self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64))
+
+    @torch.no_grad()
+    def forward(self, rewards: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
+        """rewards, dones: (num_steps, num_envs), in rollout order; returns the scaled rewards."""
+        keep = (~dones).double()
+        returns = rewards.double()  # R_t = r_t + gamma R_{t-1}, restarting after an episode's last step
+        steps, keeps = returns.unbind(0), keep.unbind(0)  # views made once: indexing costs as much as the op
+        steps[0].add_(self.returns, alpha=self.gamma)
+        for t in range(1, len(steps)):
+            steps[t].addcmul_(steps[t - 1], keeps[t - 1], value=self.gamma)
+        self.returns.copy_(returns[-1] * keep[-1])
+        # Statistics after each step's merge, from cumulative sums of deviations from the prior mean m0 (stable
+        # in float64 while the mean moves little within a rollout): M2_t = c0 v0 + sum (x - m0)^2 - n_t (mean_t - m0)^2
+        stats, batch = self.return_rms, returns.shape[1]
+        deviations = returns - stats.mean
+        sums = torch.stack([deviations.sum(1), deviations.square().sum(1)])
+        if dist.is_initialized():  # torchrun: the statistics of every process's returns, so all scale alike
+            dist.all_reduce(sums)
+            batch *= dist.get_world_size()
+        steps_so_far = torch.arange(1, len(returns) + 1, dtype=torch.float64, device=returns.device)
+        counts = stats.host_count + batch * steps_so_far
+        mean_shifts = sums[0].cumsum(0) / counts
+        variances = ((sums[1].cumsum(0) + stats.host_count * stats.var) / counts - mean_shifts.square()).clamp(min=0.0)
+        stats.mean.add_(mean_shifts[-1])
+        stats.var.copy_(variances[-1])
+        stats.host_count += batch * len(returns)
+        stats.count.fill_(stats.host_count)
+        return (rewards / torch.sqrt(variances + 1e-8)[:, None]).float()
+
+
+@dataclass
+class RolloutBuffers:
+    """One rollout, each (num_steps, num_envs, ...): allocated once on the policy's device, refilled every iteration;
+    the windows are rebuilt from each rollout."""
+
+    obs: torch.Tensor
+    final_obs: torch.Tensor  # info["final_obs"] of each step: V(final_obs) bootstraps a truncated episode
+    actions: torch.Tensor
+    episode: torch.Tensor  # the episode id of each step: windows never reach into another episode
+    logprobs: torch.Tensor
+    rewards: torch.Tensor
+    values: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    windows: torch.Tensor | None = None  # every step's window of K observations (T, N, K, obs_dim), and which are
+    valid: torch.Tensor | None = None  # of its episode (T, N, K)
+
+    @classmethod
+    def allocate(cls, args: Args, vec, device: torch.device) -> RolloutBuffers:
+        T, N = args.num_steps, args.num_envs
+        obs_dim, act_dim = vec.single_observation_space.shape[0], vec.single_action_space.shape[0]
+        buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=device)  # noqa: E731
+        return cls(obs=buf(obs_dim), final_obs=buf(obs_dim), actions=buf(act_dim), episode=buf(dtype=torch.long),
+                   logprobs=buf(), rewards=buf(), values=buf(), terminated=buf(dtype=torch.bool),
+                   truncated=buf(dtype=torch.bool))
+
+
+@torch.inference_mode()
+def collect_rollout(agent: TransformerAgent, get_action_and_value, obs_norm: ObsNormalizer, vec,
+                    rollout: RolloutBuffers, carry: dict, reports: RolloutReports, run: Run, global_step: int,
+                    iteration: int, args: Args) -> torch.Tensor:
+    """Steps the envs num_steps times with the policy (`get_action_and_value`: the agent's, compiled or not), from
+    where the last rollout ended (`carry`: the last observation and each env's context, moved on to where this one
+    ends), filling `rollout` (its windows last) and `reports`. Returns the normalised observation after the last
+    step."""
+    T, N = args.num_steps, args.num_envs
+    next_obs, context = obs_norm(carry["next_obs_raw"]), carry["context"]
+    # The K-1 steps before this rollout: the update rebuilds the windows from them and the rollout.
+    context_obs, context_episode = context.obs[:, 1:].transpose(0, 1), context.episode[:, 1:].transpose(0, 1)
+    for step in range(T):
+        rollout.obs[step] = next_obs
+        context.push(next_obs)
+        rollout.episode[step] = context.episode_id
+        action, logprob, _, value = get_action_and_value(context.obs, context.valid())
+        rollout.actions[step], rollout.logprobs[step], rollout.values[step] = action, logprob, value
+        next_obs_raw, reward, terminated, truncated, info = step_envs(
+            vec, agent.env_action(action), args.env_id, global_step + step * N, iteration)
+        done = terminated | truncated
+        context.end_episodes(done)
+        obs_norm.update(next_obs_raw)
+        next_obs, rollout.final_obs[step] = obs_norm(next_obs_raw), obs_norm(info["final_obs"])
+        rollout.rewards[step] = reward
+        rollout.terminated[step], rollout.truncated[step] = terminated, truncated
+        reports.record(step, info)
+        if run.recorder is not None:
+            run.record_video(done, global_step, (step + 1) * N)
+    carry["next_obs_raw"] = next_obs_raw
+    rollout.windows, rollout.valid = rollout_windows(context_obs, context_episode, rollout.obs, rollout.episode)
+    return next_obs
+
+
+@torch.inference_mode()
+def compute_advantages(agent: TransformerAgent, rollout: RolloutBuffers, next_obs: torch.Tensor, carry: dict,
+                       reward_scaler: RewardScaler, args: Args) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over the rollout (rewards scaled first with --norm-reward), bootstrapped with V(next_obs) after its last
+    step and V(final_obs) where an episode was truncated. Returns (advantages, returns), (num_steps, num_envs)."""
+    T, N = args.num_steps, args.num_envs
+    last_value = agent.get_value(*carry["context"].peek(next_obs))
+    final_values = agent.get_value(*final_windows(rollout.windows, rollout.valid, rollout.final_obs)).view(T, N)
+    dones = rollout.terminated | rollout.truncated
+    rewards = reward_scaler(rollout.rewards, dones) if args.norm_reward else rollout.rewards
+    return compute_gae(rewards, rollout.values, last_value, final_values, rollout.terminated, rollout.truncated,
+                       args.gamma, args.gae_lambda)
+
+
+@torch.no_grad()
+def iteration_scalars(agent: TransformerAgent, update_stats: dict, rollout: RolloutBuffers,
+                      advantages: torch.Tensor, returns: torch.Tensor, env_reports: dict) -> dict:
+    """What shows a failing run (docs/design.md §4), nothing derivable: the update's losses and diagnostics, the
+    value function's fit, the policy's noise and attention, the rollout's values and advantages, the envs' reports.
+    Tensors, sent to the host in one transfer."""
+    diagnostics = {"attention_entropy": [], "residual_ratio": []}
+    agent.features(rollout.windows.flatten(0, 1)[:256], rollout.valid.flatten(0, 1)[:256], diagnostics)
+    values, advantages, returns = rollout.values.flatten(), advantages.flatten(), returns.flatten()
+    var_returns = returns.var()
+    scalars = {
+        **update_stats,
+        "losses/explained_variance": 1 - (returns - values).var() / var_returns,
+        "policy/action_std": agent.actor_logstd.exp().mean(),
+        "values/mean": values.mean(), "values/std": values.std(),
+        "values/returns_variance": var_returns,
+        "advantages/mean": advantages.mean(), "advantages/std": advantages.std(), **env_reports,
+    }
+    for layer, entropy in enumerate(diagnostics["attention_entropy"]):
+        scalars.update({f"attention/entropy_layer{layer}_head{h}": e for h, e in enumerate(entropy)})
+    for i, ratio in enumerate(diagnostics["residual_ratio"]):
+        scalars[f"residual/update_ratio_layer{i // 2}_{('attention', 'ff')[i % 2]}"] = ratio
+    return scalars
+
+
+def train(args: Args, on_iteration=None) -> dict:
+    """Trains, logs to runs/<run>/ and returns a summary: final returns, global step, run directory and the
+    per-iteration metrics (`history`). Under torchrun, every process calls it; process 0 writes the run.
+    `on_iteration(metrics)`, if given, sees each iteration's history entry (a sweep's pruner); an exception it
+    raises ends the run, envs and logs closed."""
+    args, rank, checkpoint, policy_device, (rollout_threads, update_threads) = start_run(args)
+    # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
+    vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
+                   render=args.capture_video and rank == 0)
+    agent, obs_norm = build_agent(args, vec, policy_device)
+    if dist.is_initialized():  # every process starts from process 0's network
+        for tensor in agent.state_dict().values():
+            dist.broadcast(tensor, src=0)
+    reward_scaler = RewardScaler(args.num_envs, args.gamma).to(policy_device)
+    optimizer = make_optimizer(agent, args)
+    adaptive_lr = args.anneal_lr and args.lr_schedule == "adaptive_kl"
+    if args.compile:  # compiled random draws as in eager mode, so that a seed gives the same run with or without
+        from torch._inductor import config as inductor_config
+
+        inductor_config.fallback_random = True
+    get_action_and_value = torch.compile(agent.get_action_and_value) if args.compile else agent.get_action_and_value
+    loss_fn = torch.compile(ppo_loss) if args.compile else ppo_loss
+    # What a checkpoint holds besides counters (Run): shared by all processes, each process's own, and where the
+    # next rollout starts: the envs' last observation and the policy's memory of their episodes (restored with the
+    # envs' state).
+    stateful = {"model": agent, "optimizer": optimizer, "obs_normalizer": obs_norm}
+    own_stateful = {"reward_scaler": reward_scaler}
+    obs_dim = vec.single_observation_space.shape[0]
+    carry = {"next_obs_raw": vec.reset(seed=args.seed + rank * args.num_envs)[0],
+             "context": Context(args.num_envs, args.context_len, obs_dim, policy_device)}
+    if checkpoint is None:
+        obs_norm.update(carry["next_obs_raw"])
+    global_step, start_iteration = restore(checkpoint, rank, vec, stateful, own_stateful, carry)
+
+    T, N = args.num_steps, args.num_envs
+    rollout = RolloutBuffers.allocate(args, vec, policy_device)
+    reports = RolloutReports(T, N, policy_device)
+    run = Run(args, rank, policy_device, vec, stateful, own_stateful, carry, start_iteration,
+              resumed_at=global_step if checkpoint is not None else None, on_iteration=on_iteration)
+    iteration, stopping = start_iteration - 1, None
+    try:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            run.keep_last_completed(iteration - 1, global_step)
+            if not adaptive_lr:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr_fraction(args, iteration) * group["initial_lr"]
+            run.start_video(iteration)
+            rollout_start = time.perf_counter()
+            reports.start()
+            next_obs = collect_rollout(agent, get_action_and_value, obs_norm, vec, rollout, carry, reports, run,
+                                       global_step, iteration, args)
+            advantages, returns = compute_advantages(agent, rollout, next_obs, carry, reward_scaler, args)
+            global_step += T * N * args.world_size
+            rollout_time = time.perf_counter() - rollout_start
+
+            update_start = time.perf_counter()
+            torch.set_num_threads(update_threads)
+            batch = (rollout.windows.flatten(0, 1), rollout.valid.flatten(0, 1), rollout.actions.flatten(0, 1),
+                     rollout.logprobs.flatten(), advantages.flatten(), returns.flatten(), rollout.values.flatten())
+            update_stats, epochs_done = update(agent, optimizer, loss_fn, batch, args)
+            update_time = time.perf_counter() - update_start
+            torch.set_num_threads(rollout_threads)
+
+            # Stop after the iteration where a signal had reached any process when they exchanged reports; one
+            # arriving during or after the exchange stays in stop.signum for the next (not overwritten by None).
+            merged, ended_returns, ended_lengths, stopping = reports.merged(run.stop.signum)
+            scalars = iteration_scalars(agent, update_stats, rollout, advantages, returns, merged)
+            run.log(iteration, global_step, scalars, ended_returns, ended_lengths, {
+                "charts/learning_rate": optimizer.param_groups[0]["lr"], "time/rollout_s": rollout_time,
+                "charts/update_epochs_done": epochs_done, "time/update_s": update_time,
+                "charts/SPS": T * N * args.world_size / (rollout_time + update_time)})
+            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stopping:
+                run.save(iteration, global_step)
+            if stopping:
+                break
+    except EnvStepError as error:
+        run.save_after_env_error(error)
+    finally:
+        run.close()
+    return run.summary(iteration, global_step, stopping)
+
+
+@torch.inference_mode()
+def evaluate(
+    checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
+) -> dict:
+    """Runs `episodes` deterministic (mean-action) episodes with the checkpoint's frozen normaliser, each step
+    seen through the window of its episode's last K steps.
+
+    The episodes are spread evenly over the envs and each env's first ones count, so short episodes are not
+    over-counted. Every episode starts fresh (no staggered first episodes); the tasks draw from a seed the training
+    never used.
+    """
+    if episodes < 1:
+        raise UsageError(f"--eval-episodes must be at least 1, got {episodes}")
+    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
+    args = dataclasses.replace(args_from_checkpoint(checkpoint), sim_device=sim_device)
+    policy_device = pick_device(device, "--policy-device")
+    num_envs = min(episodes, max(16, args.num_envs))
+    quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
+    vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, stagger_episodes=False)
+    agent, obs_norm = build_agent(args, vec, policy_device)
+    agent.load_state_dict(checkpoint["model"])
+    obs_norm.load_state_dict(checkpoint["obs_normalizer"])
+    obs, _ = vec.reset()
+    context = Context(num_envs, args.context_len, obs.shape[1], policy_device)
+    returns = [[] for _ in range(num_envs)]
+    successes = [[] for _ in range(num_envs)]
+    lengths, task_metrics = [], {}  # of the counted episodes; the task's own metrics (info["episode_metrics"])
+    recorder, video = EpisodeRecorder(), os.path.join(run_dir_of(checkpoint_path), "videos", "eval.mp4")
+    if capture_video:
+        recorder.start(vec)
+    while any(len(r) < q for r, q in zip(returns, quota)):
+        context.push(obs_norm(obs))
+        action = agent.mean_action(context.obs, context.valid())
+        obs, _, terminated, truncated, info = vec.step(action)
+        context.end_episodes(terminated | truncated)
+        if capture_video:
+            recorder.step(vec, terminated | truncated, video)
+        episode = info["episode"]
+        for i in episode["mask"].nonzero().flatten().tolist():
+            if len(returns[i]) < quota[i]:
+                returns[i].append(float(episode["r"][i]))
+                lengths.append(int(episode["l"][i]))
+                if "success" in info:
+                    successes[i].append(bool(info["success"][i]))
+                for name, value in info.get("episode_metrics", {}).items():
+                    task_metrics.setdefault(name, []).append(float(value[i]))
+    vec.close()
+    flat_returns = [r for env_returns in returns for r in env_returns]
+    result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
+              "std_return": float(np.std(flat_returns)), "mean_length": float(np.mean(lengths)),
+              **{name: float(np.mean(values)) for name, values in task_metrics.items()}}
+    if any(successes):
+        result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
+    if capture_video:
+        result["video"] = video
+    print(json.dumps(result))
+    return result
+
+
+# ====================================================================================================================
+# Below: run plumbing, the same in all three scripts (flag checks, torchrun, run directories, checkpoints,
+# signals, logging, the command line). No need to read it to change the algorithm.
+# ====================================================================================================================
+class UsageError(ValueError):
+    """Bad input (a flag, a checkpoint, the run directory): reported as one line naming the flag and the fix."""
+
+
+def resolve_args(args: Args) -> Args:
+    """Checks the flags and derives batch sizes."""
+    if args.cuda:
+        args.policy_device = args.sim_device = "cuda"
+    check_flags(args, at_least_one=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps",
+                                     "context_len", "num_tokens", "token_dim", "num_heads", "num_layers",
+                                     "ff_mult"))
+    if args.token_dim % args.num_heads:
+        raise UsageError(f"--num-heads {args.num_heads} does not divide --token-dim {args.token_dim}")
+    # Under torchrun every process steps --num-envs envs and splits its own batch into --num-minibatches; their
+    # gradients are averaged, so an optimiser step sees world_size minibatches and an iteration world_size batches.
+    args.world_size = dist.get_world_size() if dist.is_initialized() else 1
+    args.batch_size = args.num_envs * args.num_steps
+    if args.batch_size % args.num_minibatches:
+        raise UsageError(
+            f"the batch (--num-envs {args.num_envs} x --num-steps {args.num_steps} = {args.batch_size}) does not "
+            f"divide into --num-minibatches {args.num_minibatches}; choose a divisor of {args.batch_size}"
+        )
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // (args.batch_size * args.world_size)
+    if args.num_iterations < 1:
+        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch "
+                         f"({args.batch_size * args.world_size} steps)")
+    return args
+
+
+def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
+    """Rejects out-of-range flags before anything is written."""
+    # Every rate and coefficient finite first: inf passes "positive" (an infinite learning rate trained until stopped).
+    floats = [f.name for f in fields(args) if isinstance(getattr(args, f.name), float)]
+    rules = [(name, math.isfinite(getattr(args, name)), "a finite number") for name in floats] + [
+        (name, getattr(args, name) >= 1, "at least 1") for name in at_least_one] + [
+        ("seed", args.seed >= 0, "0 or more"),
+        ("learning_rate", args.learning_rate > 0, "positive"),
+        ("gamma", 0 <= args.gamma <= 1, "in [0, 1]"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
+        ("clip_coef", args.clip_coef > 0, "positive"),
+        ("ent_coef", args.ent_coef >= 0, "0 or more"),
+        ("vf_coef", args.vf_coef >= 0, "0 or more"),
+        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
+        ("target_kl", args.target_kl >= 0, "0 (never stop early) or positive"),
+        ("norm_obs_until", args.norm_obs_until >= 0, "0 (never freeze) or a number of observations"),
+        ("desired_kl", args.desired_kl > 0, "positive"),
+        ("lr_min_fraction", 0 <= args.lr_min_fraction <= 1, "in [0, 1]"),
+        ("critic_learning_rate", args.critic_learning_rate >= 0, "0 (--learning-rate) or positive"),
+        ("weight_decay", args.weight_decay > 0 or args.optimizer != "adamw",
+         "above 0 with --optimizer adamw (without decay AdamW is Adam; torch's AdamW default is 0.01)"),
+        ("weight_decay", args.weight_decay >= 0, "0 or more"),
+        ("huber_delta", args.huber_delta > 0, "positive"),
+        ("hidden_sizes", all(width >= 1 for width in args.hidden_sizes), "widths of at least 1"),
+        ("checkpoint_interval", args.checkpoint_interval >= 1, "at least 1"),
+        ("video_interval", args.video_interval >= 1, "at least 1"),
+        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
+        ("exp_name", bool(args.exp_name) and "/" not in args.exp_name,
+         "a non-empty name without '/' (it names the run dir)"),
+        ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
+        ("update_threads", args.update_threads >= 0, "0 (torch's default) or more"),
+        ("dist_timeout_s", args.dist_timeout_s >= 1, "at least 1"),
+    ]
+    for name, ok, requirement in rules:
+        if not ok:
+            raise UsageError(f"--{name.replace('_', '-')} must be {requirement}, got {getattr(args, name)!r}")
+
+
+def pick_device(name: str, flag: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"{flag} cuda (or --cuda) was given but torch sees no CUDA GPU; use {flag} cpu")
+    return torch.device(name)
+
+
+def start_run(args: Args) -> tuple[Args, int, dict | None, torch.device, tuple[int, int]]:
+    """What comes before any env: torchrun's process group, the checkpoint to resume (whose flags then replace
+    these), the flags checked, the devices, the seed and the threads. Returns the flags, this process's rank, the
+    checkpoint (or None), the policy's device and the (rollout, update) thread counts."""
+    rank = init_distributed(args)
+    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume else None
+    if checkpoint is not None:
+        if "torch_rng" not in checkpoint:  # written before checkpoints were one dict of stateful objects
+            raise UsageError(f"--resume {args.resume}: a checkpoint of an older version of this script, which cannot "
+                             "be continued; it still evaluates (--eval-checkpoint), or start a new run")
+        args = dataclasses.replace(args_from_checkpoint(checkpoint), resume=args.resume)
+    args = resolve_args(args)
+    policy_device = pick_device(args.policy_device, "--policy-device")
+    pick_device(args.sim_device, "--sim-device")
+    if checkpoint is not None and checkpoint.get("world_size", 1) != args.world_size:
+        raise UsageError(f"--resume {args.resume}: written by {checkpoint.get('world_size', 1)} processes, resumed by "
+                         f"{args.world_size}; resume with torchrun --nproc-per-node {checkpoint.get('world_size', 1)}")
+    torch.manual_seed(args.seed + rank)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    threads = (args.torch_threads or torch.get_num_threads(), args.update_threads or torch.get_num_threads())
+    torch.set_num_threads(threads[0])
+    return args, rank, checkpoint, policy_device, threads
+
+
+def mean_std_over_processes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and (unbiased) std of the minibatches of all processes together under torchrun: the same normalised
+    advantages as one process with all the data."""
+    sums = torch.stack([torch.tensor(x.numel(), dtype=torch.float64, device=x.device), x.double().sum(),
+                        x.double().square().sum()])
+    dist.all_reduce(sums)
+    count, total, total_squares = sums
+    mean = total / count
+    return mean.float(), ((total_squares - count * mean.square()) / (count - 1)).clamp(min=0.0).sqrt().float()
 
 
 # Data-parallel training under torchrun, as rsl_rl's and CleanRL's multi-GPU PPO: each process steps its own envs,
@@ -925,6 +1199,30 @@ def args_from_checkpoint(checkpoint: dict) -> Args:
     args = Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved})
     args.hidden_sizes = tuple(args.hidden_sizes)  # saved as a list
     return args
+
+
+def restore(checkpoint: dict | None, rank: int, vec, stateful: dict, own_stateful: dict,
+            carry: dict) -> tuple[int, int]:
+    """Loads what Run.save wrote into the run's objects; returns (global_step, first iteration), (0, 1) with no
+    checkpoint. `carry` loads with the envs' state or not at all: a task that cannot save its envs starts afresh."""
+    if checkpoint is None:
+        return 0, 1
+    own = checkpoint if rank == 0 else checkpoint["other_processes"][rank - 1]
+    for key, obj in stateful.items():
+        obj.load_state_dict(checkpoint[key])
+    for key, obj in own_stateful.items():
+        obj.load_state_dict(own[key])
+    torch.set_rng_state(own["torch_rng"])
+    if own["env"] is not None:
+        vec.load_state_dict(own["env"])
+        for key, value in carry.items():
+            if isinstance(value, torch.Tensor):
+                carry[key] = own[key].to(value.device)
+            else:
+                value.load_state_dict(own[key])
+    else:
+        print("[resume] this task's env state was not saved: envs start from a fresh reset")
+    return checkpoint["global_step"], checkpoint["iteration"] + 1
 
 
 class StopSignal:
@@ -1063,6 +1361,122 @@ def write_logs(writer, wandb_run, metrics: dict, finished: list[list[float]], gl
         wandb_run.log({**metrics, "global_step": global_step})
 
 
+class Run:
+    """A training run's plumbing: its directory, logs, progress bar, training videos, stop signal and checkpoints
+    (process 0's alone under torchrun), and the history train() returns.
+
+    A checkpoint holds `stateful` (shared by all processes under torchrun, identical in each) and each process's own
+    `own_stateful`, torch RNG, envs' state and `carry` (where the next rollout starts: tensors, or objects with a
+    state_dict), process 0's at the top level and the others' in "other_processes"."""
+
+    def __init__(self, args: Args, rank: int, device: torch.device, vec, stateful: dict, own_stateful: dict,
+                 carry: dict, start_iteration: int, resumed_at: int | None, on_iteration=None):
+        self.args, self.rank, self.device, self.vec = args, rank, device, vec
+        self.stateful, self.own_stateful, self.carry = stateful, own_stateful, carry
+        self.run_dir, self.writer, self.wandb_run = None, None, None  # process 0's alone under torchrun
+        if rank == 0:
+            try:  # only now, with the flags, the checkpoint and the env accepted: a rejected run leaves nothing behind
+                self.run_dir = run_dir_of(args.resume) if resumed_at is not None else create_run_dir(args)
+            except UsageError:
+                vec.close()
+                raise
+            self.writer, self.wandb_run = open_logs(args, self.run_dir, resumed_at)
+        self.on_iteration, self.history, self.recent_returns = on_iteration, [], []
+        self.last_completed = None  # what the last completed iteration left: saved if the env fails in a rollout
+        self.stop = StopSignal()
+        self.progress = None
+        if args.progress_bar and rank == 0:
+            from tqdm import tqdm
+
+            self.progress = tqdm(total=args.num_iterations, initial=start_iteration - 1, unit="it", dynamic_ncols=True)
+        self.recorder = EpisodeRecorder() if args.capture_video and rank == 0 else None
+
+    def own_state(self) -> dict:
+        try:
+            env_state = self.vec.state_dict()
+        except NotImplementedError:
+            env_state = None
+        return {"torch_rng": torch.get_rng_state(), "env": env_state,
+                **{key: value.cpu() if isinstance(value, torch.Tensor) else value.state_dict()
+                   for key, value in self.carry.items()},
+                **{key: obj.state_dict() for key, obj in self.own_stateful.items()}}
+
+    def checkpoint_state(self, iteration: int, global_step: int, own_states: list[dict]) -> dict:
+        return {"script": CHECKPOINT_KIND, "args": asdict(self.args), "global_step": global_step,
+                "iteration": iteration, "world_size": self.args.world_size, **own_states[0],
+                "other_processes": own_states[1:], **{key: obj.state_dict() for key, obj in self.stateful.items()}}
+
+    def keep_last_completed(self, iteration: int, global_step: int) -> None:
+        if self.args.world_size == 1:  # under torchrun the other processes' states are out of reach
+            self.last_completed = copy.deepcopy(self.checkpoint_state(iteration, global_step, [self.own_state()]))
+
+    def save(self, iteration: int, global_step: int) -> None:
+        own_states = gather_processes(self.own_state())
+        if self.rank == 0:
+            save_checkpoint(self.run_dir, self.checkpoint_state(iteration, global_step, own_states))
+
+    def save_after_env_error(self, error: EnvStepError) -> None:
+        """Saves the last completed iteration and the env's traceback, then raises the error with how to go on."""
+        if self.last_completed is None:  # torchrun: the last checkpoint stands
+            raise error
+        path = save_checkpoint(self.run_dir, self.last_completed)
+        with open(os.path.join(self.run_dir, "error.txt"), "w") as f:
+            traceback.print_exception(error.__cause__, file=f)
+        raise EnvStepError(f"{error}; its traceback is in {os.path.join(self.run_dir, 'error.txt')}; the last "
+                           f"completed iteration ({self.last_completed['iteration']}) is saved: fix the env, then "
+                           f"--resume {path}") from None
+
+    def start_video(self, iteration: int) -> None:
+        if self.recorder is not None and (iteration - 1) % self.args.video_interval == 0:
+            self.recorder.start()
+
+    def record_video(self, done: torch.Tensor, global_step: int, steps_done: int) -> None:
+        path = os.path.join(self.run_dir, "videos", f"train_{global_step + steps_done}.mp4")
+        if self.recorder.step(self.vec, done, path):
+            video_saved(path, self.wandb_run, global_step)
+
+    def log(self, iteration: int, global_step: int, scalars: dict, ended_returns: torch.Tensor,
+            ended_lengths: torch.Tensor, host_metrics: dict) -> None:
+        """The iteration's `scalars` (tensors, one host transfer) and `host_metrics` to TensorBoard, W&B, the
+        progress bar and the history; each ended episode's return and length to TensorBoard."""
+        finished = torch.stack([ended_returns, ended_lengths]).cpu().tolist()
+        metrics = dict(zip(scalars, torch.stack([torch.as_tensor(v, dtype=torch.float64).to(self.device)
+                                                 for v in scalars.values()]).cpu().tolist()))
+        metrics.update(host_metrics)
+        if not finished[0]:  # no episode ended: no success rate or task metric (the mean of nothing is NaN)
+            metrics = {k: v for k, v in metrics.items() if not k.startswith(("charts/success", "episode_metrics/"))}
+        write_logs(self.writer, self.wandb_run, metrics, finished, global_step)
+        self.recent_returns = (self.recent_returns + finished[0])[-100:]
+        self.history.append({"iteration": iteration, "global_step": global_step, **metrics})
+        if self.on_iteration is not None:
+            self.on_iteration(self.history[-1])
+        if self.progress is not None:
+            show_progress(self.progress, metrics, self.recent_returns)
+
+    def close(self) -> None:
+        self.stop.restore()
+        if self.progress is not None:
+            self.progress.close()
+        if self.writer is not None:
+            self.writer.close()
+        self.vec.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def summary(self, iteration: int, global_step: int, stopped_by: int | None) -> dict:
+        return {
+            "run_dir": self.run_dir,
+            "checkpoint": os.path.join(self.run_dir, "checkpoint.pt") if self.run_dir else None,
+            "global_step": global_step,
+            "iteration": iteration,
+            "mean_recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),
+            "history": self.history,
+            "stopped_by": stopped_by,  # the signal that stopped the run early, or None
+        }
+
+
 def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render: bool = False, **overrides):
     try:
         return envs.make(args.env_id, num_envs=num_envs, seed=seed, device=device, sim_device=args.sim_device,
@@ -1071,304 +1485,6 @@ def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render:
     except ValueError as error:  # an unknown id, or an option the task does not have or rejects
         flag = "--env-kwargs" if args.env_kwargs and not isinstance(error, envs.UnknownTaskError) else "--env-id"
         raise UsageError(f"{flag}: {error}") from None
-
-
-def build_agent(args: Args, vec, device: torch.device) -> tuple[TransformerAgent, ObsNormalizer]:
-    agent = TransformerAgent(args, vec.single_observation_space, vec.single_action_space).to(device)
-    return agent, ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
-
-
-def train(args: Args, on_iteration=None) -> dict:
-    """Trains, logs to runs/<run>/ and returns a summary: final returns, global step, run directory and the
-    per-iteration metrics (`history`). Under torchrun, every process calls it; process 0 writes the run.
-    `on_iteration(metrics)`, if given, sees each iteration's history entry (a sweep's pruner); an exception it
-    raises ends the run, envs and logs closed."""
-    rank = init_distributed(args)
-    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume else None
-    if checkpoint is not None:
-        if "torch_rng" not in checkpoint:  # written before checkpoints were one dict of stateful objects
-            raise UsageError(f"--resume {args.resume}: a checkpoint of an older version of this script, which cannot "
-                             "be continued; it still evaluates (--eval-checkpoint), or start a new run")
-        args = dataclasses.replace(args_from_checkpoint(checkpoint), resume=args.resume)
-    args = resolve_args(args)
-    policy_device = pick_device(args.policy_device, "--policy-device")
-    pick_device(args.sim_device, "--sim-device")
-    if checkpoint is not None and checkpoint.get("world_size", 1) != args.world_size:
-        raise UsageError(f"--resume {args.resume}: written by {checkpoint.get('world_size', 1)} processes, resumed by "
-                         f"{args.world_size}; resume with torchrun --nproc-per-node {checkpoint.get('world_size', 1)}")
-    torch.manual_seed(args.seed + rank)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    rollout_threads = args.torch_threads or torch.get_num_threads()
-    update_threads = args.update_threads or torch.get_num_threads()
-    torch.set_num_threads(rollout_threads)
-
-    # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
-    vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
-                   render=args.capture_video and rank == 0)
-    agent, obs_norm = build_agent(args, vec, policy_device)
-    if dist.is_initialized():  # every process starts from process 0's network
-        for tensor in agent.state_dict().values():
-            dist.broadcast(tensor, src=0)
-    reward_scaler = RewardScaler(args.num_envs, args.gamma).to(policy_device)
-    optimizer = make_optimizer(agent, args)
-    if args.compile:  # compiled random draws as in eager mode, so that a seed gives the same run with or without
-        from torch._inductor import config as inductor_config
-
-        inductor_config.fallback_random = True
-    get_action_and_value = torch.compile(agent.get_action_and_value) if args.compile else agent.get_action_and_value
-    loss_fn = torch.compile(ppo_loss) if args.compile else ppo_loss
-    adaptive_lr = args.anneal_lr and args.lr_schedule == "adaptive_kl"
-    # Everything a checkpoint holds besides counters and the envs, saved and restored by the same names: shared by all
-    # processes under torchrun (identical in each), and each process's own (process 0's at the top level, the others'
-    # in "other_processes").
-    stateful = {"model": agent, "optimizer": optimizer, "obs_normalizer": obs_norm}
-    own_stateful = {"reward_scaler": reward_scaler}
-
-    global_step, start_iteration = 0, 1
-    next_obs_raw, _ = vec.reset(seed=args.seed + rank * args.num_envs)
-    obs_dim = vec.single_observation_space.shape[0]
-    context = Context(args.num_envs, args.context_len, obs_dim, policy_device)
-    if checkpoint is None:
-        obs_norm.update(next_obs_raw)
-    else:
-        own = checkpoint if rank == 0 else checkpoint["other_processes"][rank - 1]
-        for key, obj in stateful.items():
-            obj.load_state_dict(checkpoint[key])
-        for key, obj in own_stateful.items():
-            obj.load_state_dict(own[key])
-        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
-        torch.set_rng_state(own["torch_rng"])
-        if own["env"] is not None:  # the envs' state, and the policy's memory of their episodes
-            vec.load_state_dict(own["env"])
-            next_obs_raw = own["next_obs_raw"].to(policy_device)
-            context.load_state_dict(own["context"])
-        else:
-            print("[resume] this task's env state was not saved: envs start from a fresh reset")
-
-    run_dir, writer, wandb_run = None, None, None  # process 0's alone under torchrun
-    if rank == 0:
-        try:  # only now, with the flags, the checkpoint and the env accepted: a rejected run leaves nothing behind
-            run_dir = run_dir_of(args.resume) if checkpoint is not None else create_run_dir(args)
-        except UsageError:
-            vec.close()
-            raise
-        writer, wandb_run = open_logs(args, run_dir, resumed_at=global_step if checkpoint is not None else None)
-
-    T, N, K, act_dim = args.num_steps, args.num_envs, args.context_len, vec.single_action_space.shape[0]
-    buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=policy_device)  # noqa: E731
-    obs_buf, final_obs_buf, actions_buf = buf(obs_dim), buf(obs_dim), buf(act_dim)
-    episode_buf = buf(dtype=torch.long)  # the episode id of each step: windows never reach into another episode
-    logprobs_buf, rewards_buf, values_buf = buf(), buf(), buf()
-    terminated_buf, truncated_buf = buf(dtype=torch.bool), buf(dtype=torch.bool)
-    reports = RolloutReports(T, N, policy_device)
-    recent_returns: list[float] = []
-    history: list[dict] = []
-
-    def own_state() -> dict:
-        try:
-            env_state = vec.state_dict()
-        except NotImplementedError:
-            env_state = None
-        return {"torch_rng": torch.get_rng_state(), "env": env_state, "next_obs_raw": next_obs_raw.cpu(),
-                "context": context.state_dict(), **{key: obj.state_dict() for key, obj in own_stateful.items()}}
-
-    def checkpoint_state(iteration: int, own_states: list[dict]) -> dict:
-        return {"script": CHECKPOINT_KIND, "args": asdict(args), "global_step": global_step, "iteration": iteration,
-                "world_size": args.world_size, **own_states[0], "other_processes": own_states[1:],
-                **{key: obj.state_dict() for key, obj in stateful.items()}}
-
-    stop = StopSignal()
-    progress = None
-    if args.progress_bar and rank == 0:
-        from tqdm import tqdm
-
-        progress = tqdm(total=args.num_iterations, initial=start_iteration - 1, unit="it", dynamic_ncols=True)
-    recorder = EpisodeRecorder()
-    iteration, last_completed, stopping = start_iteration - 1, None, None
-    next_obs = obs_norm(next_obs_raw)
-    try:
-        for iteration in range(start_iteration, args.num_iterations + 1):
-            if args.world_size == 1:  # what the last completed iteration left: saved if the env fails in this rollout
-                last_completed = copy.deepcopy(checkpoint_state(iteration - 1, [own_state()]))
-            if not adaptive_lr:
-                for group in optimizer.param_groups:
-                    group["lr"] = lr_fraction(args, iteration) * group["initial_lr"]
-            if args.capture_video and rank == 0 and (iteration - 1) % args.video_interval == 0:
-                recorder.start()
-            rollout_start = time.perf_counter()
-            reports.start()
-            with torch.inference_mode():
-                # The K-1 steps before this rollout: the update rebuilds the windows from them and the rollout.
-                context_obs, context_episode = context.obs[:, 1:].transpose(0, 1), context.episode[:, 1:].transpose(0, 1)
-                for step in range(T):
-                    obs_buf[step] = next_obs
-                    context.push(next_obs)
-                    episode_buf[step] = context.episode_id
-                    action, logprob, _, value = get_action_and_value(context.obs, context.valid())
-                    actions_buf[step], logprobs_buf[step], values_buf[step] = action, logprob, value
-                    next_obs_raw, reward, terminated, truncated, info = step_envs(
-                        vec, agent.env_action(action), args.env_id, global_step + step * N, iteration)
-                    done = terminated | truncated
-                    context.end_episodes(done)
-                    obs_norm.update(next_obs_raw)
-                    next_obs, final_obs_buf[step] = obs_norm(next_obs_raw), obs_norm(info["final_obs"])
-                    rewards_buf[step] = reward
-                    terminated_buf[step], truncated_buf[step] = terminated, truncated
-                    reports.record(step, info)
-                    if args.capture_video and rank == 0:
-                        path = os.path.join(run_dir, "videos", f"train_{global_step + (step + 1) * N}.mp4")
-                        if recorder.step(vec, done, path):
-                            video_saved(path, wandb_run, global_step)
-
-                last_value = agent.get_value(*context.peek(next_obs))
-                windows, valid = rollout_windows(context_obs, context_episode, obs_buf, episode_buf)
-                final_values = agent.get_value(*final_windows(windows, valid, final_obs_buf)).view(T, N)
-                rewards = reward_scaler(rewards_buf, terminated_buf | truncated_buf) if args.norm_reward else rewards_buf
-                advantages, returns = compute_gae(rewards, values_buf, last_value, final_values, terminated_buf,
-                                                  truncated_buf, args.gamma, args.gae_lambda)
-            global_step += T * N * args.world_size
-            rollout_time = time.perf_counter() - rollout_start
-
-            update_start = time.perf_counter()
-            torch.set_num_threads(update_threads)
-            b_values, b_advantages, b_returns = values_buf.flatten(), advantages.flatten(), returns.flatten()
-            batch = (windows.reshape(T * N, K, obs_dim), valid.reshape(T * N, K), actions_buf.flatten(0, 1),
-                     logprobs_buf.flatten(), b_advantages, b_returns, b_values)
-            update_stats, epochs_done = update(agent, optimizer, batch, args, loss_fn)
-            update_time = time.perf_counter() - update_start
-            torch.set_num_threads(rollout_threads)
-
-            # Stop after the iteration where a signal had reached any process when they exchanged reports; one
-            # arriving during or after the exchange stays in stop.signum for the next (not overwritten by None).
-            merged, ended_returns, ended_lengths, stopping = reports.merged(stop.signum)
-
-            # Logged: what shows a failing run (docs/design.md §4), nothing derivable; one host transfer per iteration.
-            with torch.no_grad():
-                diagnostics = {"attention_entropy": [], "residual_ratio": []}
-                agent.features(batch[0][:256], batch[1][:256], diagnostics)
-                var_returns = b_returns.var()
-                scalars = {
-                    **update_stats,
-                    "losses/explained_variance": 1 - (b_returns - b_values).var() / var_returns,
-                    "policy/action_std": agent.actor_logstd.exp().mean(),
-                    "values/mean": b_values.mean(), "values/std": b_values.std(),
-                    "values/returns_variance": var_returns,
-                    "advantages/mean": b_advantages.mean(), "advantages/std": b_advantages.std(), **merged,
-                }
-                for layer, entropy in enumerate(diagnostics["attention_entropy"]):
-                    scalars.update({f"attention/entropy_layer{layer}_head{h}": e for h, e in enumerate(entropy)})
-                for i, ratio in enumerate(diagnostics["residual_ratio"]):
-                    scalars[f"residual/update_ratio_layer{i // 2}_{('attention', 'ff')[i % 2]}"] = ratio
-                finished = torch.stack([ended_returns, ended_lengths]).cpu().tolist()
-            metrics = dict(zip(scalars, torch.stack([torch.as_tensor(v, dtype=torch.float64).to(policy_device)
-                                                     for v in scalars.values()]).cpu().tolist()))
-            metrics.update({"charts/learning_rate": optimizer.param_groups[0]["lr"], "time/rollout_s": rollout_time,
-                            "charts/update_epochs_done": epochs_done, "time/update_s": update_time,
-                            "charts/SPS": T * N * args.world_size / (rollout_time + update_time)})
-            if not finished[0]:  # no episode ended: no success rate or task metric (the mean of nothing is NaN)
-                metrics = {k: v for k, v in metrics.items() if not k.startswith(("charts/success", "episode_metrics/"))}
-            write_logs(writer, wandb_run, metrics, finished, global_step)
-            recent_returns = (recent_returns + finished[0])[-100:]
-            history.append({"iteration": iteration, "global_step": global_step, **metrics})
-            if on_iteration is not None:
-                on_iteration(history[-1])
-            if progress is not None:
-                show_progress(progress, metrics, recent_returns)
-            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stopping:
-                own_states = gather_processes(own_state())
-                if rank == 0:
-                    save_checkpoint(run_dir, checkpoint_state(iteration, own_states))
-            if stopping:
-                break
-    except EnvStepError as error:
-        if last_completed is None:  # torchrun: the other processes' states are out of reach; the last checkpoint stands
-            raise
-        path = save_checkpoint(run_dir, last_completed)
-        with open(os.path.join(run_dir, "error.txt"), "w") as f:
-            traceback.print_exception(error.__cause__, file=f)
-        raise EnvStepError(f"{error}; its traceback is in {os.path.join(run_dir, 'error.txt')}; the last completed "
-                           f"iteration ({last_completed['iteration']}) is saved: fix the env, then --resume {path}"
-                           ) from None
-    finally:
-        stop.restore()
-        if progress is not None:
-            progress.close()
-        if writer is not None:
-            writer.close()
-        vec.close()
-        if wandb_run is not None:
-            wandb_run.finish()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return {
-        "run_dir": run_dir,
-        "checkpoint": os.path.join(run_dir, "checkpoint.pt") if run_dir else None,
-        "global_step": global_step,
-        "iteration": iteration,
-        "mean_recent_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
-        "history": history,
-        "stopped_by": stopping,  # the signal that stopped the run early, or None
-    }
-
-
-
-@torch.inference_mode()
-def evaluate(
-    checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
-) -> dict:
-    """Runs `episodes` deterministic (mean-action) episodes with the checkpoint's frozen normaliser, each step
-    seen through the window of its episode's last K steps.
-
-    The episodes are spread evenly over the envs and each env's first ones count, so short episodes are not
-    over-counted. Every episode starts fresh (no staggered first episodes); the tasks draw from a seed the training
-    never used.
-    """
-    if episodes < 1:
-        raise UsageError(f"--eval-episodes must be at least 1, got {episodes}")
-    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
-    args = dataclasses.replace(args_from_checkpoint(checkpoint), sim_device=sim_device)
-    policy_device = pick_device(device, "--policy-device")
-    num_envs = min(episodes, max(16, args.num_envs))
-    quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
-    vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, stagger_episodes=False)
-    agent, obs_norm = build_agent(args, vec, policy_device)
-    agent.load_state_dict(checkpoint["model"])
-    obs_norm.load_state_dict(checkpoint["obs_normalizer"])
-    obs, _ = vec.reset()
-    context = Context(num_envs, args.context_len, obs.shape[1], policy_device)
-    returns = [[] for _ in range(num_envs)]
-    successes = [[] for _ in range(num_envs)]
-    lengths, task_metrics = [], {}  # of the counted episodes; the task's own metrics (info["episode_metrics"])
-    recorder, video = EpisodeRecorder(), os.path.join(run_dir_of(checkpoint_path), "videos", "eval.mp4")
-    if capture_video:
-        recorder.start(vec)
-    while any(len(r) < q for r, q in zip(returns, quota)):
-        context.push(obs_norm(obs))
-        action = agent.mean_action(context.obs, context.valid())
-        obs, _, terminated, truncated, info = vec.step(action)
-        context.end_episodes(terminated | truncated)
-        if capture_video:
-            recorder.step(vec, terminated | truncated, video)
-        episode = info["episode"]
-        for i in episode["mask"].nonzero().flatten().tolist():
-            if len(returns[i]) < quota[i]:
-                returns[i].append(float(episode["r"][i]))
-                lengths.append(int(episode["l"][i]))
-                if "success" in info:
-                    successes[i].append(bool(info["success"][i]))
-                for name, value in info.get("episode_metrics", {}).items():
-                    task_metrics.setdefault(name, []).append(float(value[i]))
-    vec.close()
-    flat_returns = [r for env_returns in returns for r in env_returns]
-    result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
-              "std_return": float(np.std(flat_returns)), "mean_length": float(np.mean(lengths)),
-              **{name: float(np.mean(values)) for name, values in task_metrics.items()}}
-    if any(successes):
-        result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
-    if capture_video:
-        result["video"] = video
-    print(json.dumps(result))
-    return result
 
 
 def parse_args(argv: list[str] | None = None) -> Args:

@@ -14,17 +14,25 @@ import pytest
 
 from conftest import REPO, SCRIPTS
 
-SHARED = (
-    # helpers, normalisers and the parts of PPO that do not depend on the policy's memory
-    "UsageError", "check_flags", "pick_device", "layer_init", "RunningMeanStd", "ObsNormalizer", "RewardScaler",
-    "HALF_LOG_2PI", "ACTIVATIONS", "mlp", "compute_gae", "mean_std_over_processes", "normalise_advantages",
-    "is_weight_matrix", "make_optimizer", "lr_fraction", "adapt_lr", "task_args",
-    # run plumbing: torchrun, run directories, checkpoints, signals, logging, the command line
-    "init_distributed", "average_over_processes", "gather_processes", "merge_processes", "EnvStepError",
-    "create_run_dir", "run_dir_of", "save_checkpoint", "load_checkpoint", "args_from_checkpoint", "StopSignal",
-    "open_logs", "step_envs", "video_saved", "show_progress", "RolloutReports", "write_logs", "make_env", "parse_args",
-    "print_run_end", "cli",
+# The shared parts of the algorithm: helpers, normalisers and the parts of PPO that do not depend on the policy's memory
+SHARED_ALGORITHM = (
+    "layer_init", "RunningMeanStd", "ObsNormalizer", "RewardScaler", "HALF_LOG_2PI", "ACTIVATIONS", "mlp",
+    "compute_gae", "normalise_advantages", "is_weight_matrix", "make_optimizer", "lr_fraction", "adapt_lr", "task_args",
 )
+# The run plumbing, below each script's banner: flag checks, set-up, torchrun, run directories, checkpoints and resume,
+# signals, logging, the run object, the command line
+PLUMBING = (
+    "UsageError", "check_flags", "pick_device", "start_run", "mean_std_over_processes", "init_distributed",
+    "average_over_processes", "gather_processes", "merge_processes", "EnvStepError", "create_run_dir", "run_dir_of",
+    "save_checkpoint", "load_checkpoint", "args_from_checkpoint", "restore", "StopSignal", "open_logs", "step_envs",
+    "video_saved", "show_progress", "RolloutReports", "write_logs", "Run", "make_env", "parse_args", "print_run_end",
+    "cli",
+)
+SHARED = SHARED_ALGORITHM + PLUMBING
+# Each script's own algorithm, in CleanRL's reading order, above the banner
+ALGORITHM = ("compute_gae", "ppo_loss", "update", "collect_rollout", "compute_advantages", "train")
+BANNER = "# Below: run plumbing"
+MAX_TRAIN_LINES = 120
 
 
 def definitions(script: str) -> dict[str, list[str]]:
@@ -71,3 +79,25 @@ def test_each_task_preset_is_set_once(script):
     assert keys, "no PRESETS found"
     twice = sorted(key for key, count in Counter(keys).items() if count > 1)
     assert not twice, f"{script}.py sets the presets of {twice} more than once"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_algorithm_reads_first_and_the_plumbing_follows_one_banner(script):
+    """Bugs: plumbing creeping back between the algorithm's pieces (the rollout pushed to the end of the file again,
+    as it was at 85% of ppo_continuous.py), a piece of the loop folded back into train(), or train() growing back
+    into one long function (it was 209-230 lines) instead of calling rollout -> advantages -> update -> log -> save."""
+    with open(os.path.join(REPO, f"{script}.py")) as f:
+        text = f.read()
+    banners = [i + 1 for i, line in enumerate(text.splitlines()) if line.startswith(BANNER)]
+    assert len(banners) == 1, f"{script}.py needs exactly one '{BANNER}' banner"
+    nodes = {node.name: node for node in ast.parse(text).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    lines = [nodes[name].lineno for name in ALGORITHM]
+    assert lines == sorted(lines) and lines[-1] < banners[0], (
+        f"{script}.py: {ALGORITHM} must come in this order above the banner, at lines {dict(zip(ALGORITHM, lines))}")
+    above = [name for name in PLUMBING if nodes.get(name) and nodes[name].lineno < banners[0]]
+    assert not above, f"{script}.py: plumbing {above} above the banner (line {banners[0]})"
+    train = nodes["train"]
+    assert train.end_lineno - train.lineno + 1 <= MAX_TRAIN_LINES, f"{script}.py: train() is too long"
+    calls = {node.func.id for node in ast.walk(train) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    loop = {"collect_rollout", "compute_advantages", "update"}
+    assert loop <= calls, f"{script}.py: train() must call {sorted(loop - calls)}"
