@@ -132,6 +132,12 @@ class GymnasiumVecEnv:
         # Arrays become tensors on `device`; on the CPU without a copy (every array passed is a fresh one). Nine per
         # step: with one env this conversion is as costly as the rest of the bookkeeping, hence no extra call layer.
         self._tensor = torch.from_numpy if self.device.type == "cpu" else lambda a: torch.from_numpy(a).to(self.device)
+        # A task with a critic observation (the partially observable variants: the base task's whole observation)
+        # hands it out in info["critic_obs"]; None: the critic reads the policy's observation.
+        self.single_critic_observation_space = None
+        if "keep" in gym.spec(env_id).kwargs:
+            self.single_critic_observation_space = self.env.get_attr("critic_observation_space")[0]
+        self._last_critic_obs: np.ndarray | None = None
         self.seed = seed
         self.single_action_space.seed(seed)
         self._action_shape = (num_envs, *self.single_action_space.shape)
@@ -156,14 +162,18 @@ class GymnasiumVecEnv:
         if "reset_mask" in options:
             mask = as_bool_mask(options["reset_mask"], self.num_envs)
             options["reset_mask"] = mask.numpy()
-        obs, _ = self.env.reset(seed=seed, options=options or None)
+        obs, reset_info = self.env.reset(seed=seed, options=options or None)
         obs = obs.astype(np.float32)
+        critic_obs = reset_info.get("critic_obs")
         if mask is not None and self._last_obs is not None:
             obs = np.where(mask.numpy()[:, None], obs, self._last_obs)
-        self._last_obs = obs
+            if critic_obs is not None:
+                critic_obs = np.where(mask.numpy()[:, None], critic_obs, self._last_critic_obs)
+        self._last_obs, self._last_critic_obs = obs, critic_obs
         cleared = slice(None) if mask is None else mask.numpy()
         self.episode_returns[cleared], self.episode_lengths[cleared] = 0.0, 0
-        return self._tensor(obs.copy()), {}
+        info = {} if critic_obs is None else {"critic_obs": self._tensor(critic_obs.astype(np.float32))}
+        return self._tensor(obs.copy()), info
 
     def step(self, action: torch.Tensor | np.ndarray):
         """Actions as a (num_envs, action dims) tensor on any device, or a numpy array (`action_space.sample()`)."""
@@ -173,35 +183,48 @@ class GymnasiumVecEnv:
         if action.shape != self._action_shape:
             raise ValueError(f"action must have shape {self._action_shape} (num_envs, action dims), got {action.shape}")
         if self._in_process is not None:
-            obs, reward, terminated, truncated, final_obs = self._step_in_process(action)
+            obs, reward, terminated, truncated, final_obs, critic_obs, final_critic_obs = self._step_in_process(action)
         else:
             obs, reward, terminated, truncated, info = self.env.step(action)
             obs = obs.astype(np.float32)
             final_obs = obs
+            critic_obs = final_critic_obs = info.get("critic_obs")
             if "_final_obs" in info:
                 final_obs = obs.copy()
                 for i in np.flatnonzero(info["_final_obs"]):
                     final_obs[i] = info["final_obs"][i]
+                if critic_obs is not None:
+                    final_critic_obs = critic_obs.copy()
+                    for i in np.flatnonzero(info["_final_obs"]):
+                        final_critic_obs[i] = info["final_info"]["critic_obs"][i]
         any_ended = final_obs is not obs  # only then do episode statistics need clearing
 
         # A blow-up (a non-finite or absurdly large state or reward) truncates that env and resets it; the batch
         # goes on. One scalar check per step: NaN, inf or any value beyond the bound makes the sum of squares
         # NaN or larger than the bound squared. Only then are the per-env masks computed.
         sim_errors = np.zeros(self.num_envs, dtype=bool)
-        square_sum = float(np.vdot(obs, obs)) + float(np.vdot(reward, reward))
-        if final_obs is not obs:
-            square_sum += float(np.vdot(final_obs, final_obs))
+        # A critic observation counts too: it holds what the policy's hides (a velocity that blew up).
+        checked = [obs, final_obs] if final_obs is not obs else [obs]
+        if critic_obs is not None:
+            checked += [critic_obs, final_critic_obs] if final_critic_obs is not critic_obs else [critic_obs]
+        square_sum = sum(float(np.vdot(x, x)) for x in checked) + float(np.vdot(reward, reward))
         if not square_sum <= self._max_square_sum:
             limit = self._max_abs
-            sim_errors = ~((np.abs(final_obs) <= limit).all(axis=1) & (np.abs(obs) <= limit).all(axis=1)
-                           & (np.abs(reward) <= limit))
+            sim_errors = (np.abs(reward) <= limit)
+            for x in checked:
+                sim_errors = sim_errors & (np.abs(x) <= limit).all(axis=1)
+            sim_errors = ~sim_errors
             if sim_errors.any():
                 any_ended = True
                 reward = np.where(sim_errors, 0.0, reward)
                 final_obs = np.where(sim_errors[:, None], self._last_obs, final_obs)
                 terminated = terminated & ~sim_errors
                 truncated = truncated | sim_errors
-                obs = np.where(sim_errors[:, None], self._reset_envs(sim_errors), obs)
+                reset_obs, reset_critic_obs = self._reset_envs(sim_errors)
+                obs = np.where(sim_errors[:, None], reset_obs, obs)
+                if critic_obs is not None:
+                    final_critic_obs = np.where(sim_errors[:, None], self._last_critic_obs, final_critic_obs)
+                    critic_obs = np.where(sim_errors[:, None], reset_critic_obs, critic_obs)
         if final_obs is obs:  # a separate array: the tensor handed out must not alias the one kept below
             final_obs = obs.copy()
         self._last_obs = obs
@@ -217,6 +240,12 @@ class GymnasiumVecEnv:
             "episode": {"r": self._tensor(ended_returns), "l": self._tensor(ended_lengths), "mask": self._tensor(done)},
             "sim_errors": self._tensor(sim_errors),
         }
+        if critic_obs is not None:
+            if final_critic_obs is critic_obs:
+                final_critic_obs = critic_obs.copy()
+            self._last_critic_obs = critic_obs
+            info["critic_obs"] = self._tensor(critic_obs.astype(np.float32))
+            info["final_critic_obs"] = self._tensor(final_critic_obs.astype(np.float32))
         return (self._tensor(obs.copy()), self._tensor(reward.astype(np.float32)), self._tensor(terminated),
                 self._tensor(truncated), info)
 
@@ -224,34 +253,47 @@ class GymnasiumVecEnv:
         """Steps the sub-envs of the sync vector env one after the other with same-step autoreset, as
         `SyncVectorEnv.step` does, writing straight into fresh arrays: Gymnasium's own step (its info dicts,
         concatenation and copies) costs about half a MuJoCo step at one env. Returns float32 observations and final
-        observations, float64 rewards, bool terminated and truncated."""
+        observations, float64 rewards, bool terminated and truncated, and the critic's observations and final
+        observations (None for a task without them)."""
         obs = np.empty((self.num_envs, self._obs_size), dtype=np.float32)
+        critic_space = self.single_critic_observation_space
+        critic_obs = None if critic_space is None else np.empty((self.num_envs, *critic_space.shape), np.float32)
         reward = np.empty(self.num_envs)
         terminated = np.empty(self.num_envs, dtype=bool)
         truncated = np.empty(self.num_envs, dtype=bool)
         final_rows = []
         for i, env in enumerate(self._in_process):
-            env_obs, reward[i], terminated[i], truncated[i], _ = env.step(action[i])
+            env_obs, reward[i], terminated[i], truncated[i], env_info = env.step(action[i])
             if terminated[i] or truncated[i]:
-                final_rows.append((i, env_obs))
-                env_obs, _ = env.reset()
+                final_rows.append((i, env_obs, env_info.get("critic_obs")))
+                env_obs, env_info = env.reset()
             obs[i] = env_obs
-        final_obs = obs
+            if critic_obs is not None:
+                critic_obs[i] = env_info["critic_obs"]
+        final_obs, final_critic_obs = obs, critic_obs
         if final_rows:
             final_obs = obs.copy()
-            for i, env_obs in final_rows:
+            final_critic_obs = None if critic_obs is None else critic_obs.copy()
+            for i, env_obs, env_critic_obs in final_rows:
                 final_obs[i] = env_obs
-        return obs, reward, terminated, truncated, final_obs
+                if critic_obs is not None:
+                    final_critic_obs[i] = env_critic_obs
+        return obs, reward, terminated, truncated, final_obs, critic_obs, final_critic_obs
 
-    def _reset_envs(self, mask: np.ndarray) -> np.ndarray:
-        """Resets the envs in `mask`, continuing their RNGs; returns observations whose rows in `mask` are their
-        first observations."""
+    def _reset_envs(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Resets the envs in `mask`, continuing their RNGs; returns observations and critic observations (None
+        for a task without them) whose rows in `mask` are their first ones."""
         if self._in_process is None:
-            return self.env.reset(options={"reset_mask": mask})[0].astype(np.float32)
+            obs, info = self.env.reset(options={"reset_mask": mask})
+            return obs.astype(np.float32), info.get("critic_obs")
         obs = np.zeros((self.num_envs, self._obs_size), dtype=np.float32)
+        critic_space = self.single_critic_observation_space
+        critic_obs = None if critic_space is None else np.zeros((self.num_envs, *critic_space.shape), np.float32)
         for i in np.flatnonzero(mask):
-            obs[i] = self._in_process[i].reset()[0]
-        return obs
+            obs[i], info = self._in_process[i].reset()
+            if critic_obs is not None:
+                critic_obs[i] = info["critic_obs"]
+        return obs, critic_obs
 
     def state_dict(self) -> dict:
         """Simulator state, RNGs and time limits of every env, as tensors and ints (for exact resume).
@@ -278,6 +320,8 @@ class GymnasiumVecEnv:
         return {
             "envs": per_env,
             "last_obs": torch.from_numpy(self._last_obs.copy()),
+            **({} if self._last_critic_obs is None
+               else {"last_critic_obs": torch.from_numpy(self._last_critic_obs.copy())}),
             "episodes": {"returns": torch.from_numpy(self.episode_returns.copy()),
                          "lengths": torch.from_numpy(self.episode_lengths.copy())},
         }
@@ -299,6 +343,8 @@ class GymnasiumVecEnv:
                 if steps is not None:
                     wrapper._elapsed_steps = steps
         self._last_obs = state["last_obs"].numpy().astype(np.float32)
+        if "last_critic_obs" in state:
+            self._last_critic_obs = state["last_critic_obs"].numpy().astype(np.float32)
         self.episode_returns[:] = state["episodes"]["returns"].numpy()
         self.episode_lengths[:] = state["episodes"]["lengths"].numpy()
         self.seeded = True

@@ -10,6 +10,8 @@ Two kinds, registered in Gymnasium's registry so `gym.make`, `gym.make_vec` and 
   InvertedPendulum, whose observation is just positions then velocities, this equals NoVel; for Ant and
   Humanoid it also drops contact forces and body inertias, and for InvertedDoublePendulum the constraint force.
 
+Each variant's critic observation (docs/design.md §3) is the base task's whole observation.
+
 `VELOCITY_INDICES` and `POSITION_INDICES` below are the documentation: indices into the full observation
 of the base task (checked against the simulator state in tests/test_envs.py).
 """
@@ -55,12 +57,32 @@ def variants():
             yield _variant_id(base, "-P"), base, positions
 
 
+class HideEntries(gym.ObservationWrapper):
+    """The base task's observation cut to the entries in `keep` (in order). The whole observation stays available
+    to a critic: `info["critic_obs"]` after every reset and step, described by `critic_observation_space`."""
+
+    def __init__(self, env: gym.Env, keep):
+        super().__init__(env)
+        self.keep = np.asarray(keep, dtype=np.int64)
+        space = env.observation_space
+        self.observation_space = gym.spaces.Box(space.low[self.keep], space.high[self.keep], dtype=space.dtype)
+        self.critic_observation_space = gym.spaces.Box(space.low, space.high, dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        return self.observation(obs), {**info, "critic_obs": np.asarray(obs, dtype=np.float32)}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self.observation(obs), reward, terminated, truncated, {**info, "critic_obs": np.asarray(obs, np.float32)}
+
+    def observation(self, observation):
+        return observation[self.keep]
+
+
 def make_variant(base_id: str, keep, **kwargs) -> gym.Env:
     """Gymnasium entry point of every variant: the base task with a fixed observation subset (in order)."""
-    env, keep = gym.make(base_id, **kwargs), np.asarray(keep, dtype=np.int64)
-    space = env.observation_space
-    subset = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
-    return gym.wrappers.TransformObservation(env, lambda observation: observation[keep], subset)
+    return HideEntries(gym.make(base_id, **kwargs), keep)
 
 
 def register_variants() -> None:

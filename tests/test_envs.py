@@ -298,3 +298,70 @@ def test_memory_cue_shows_the_sign_once_and_rewards_remembering_it():
         memoryless += reward
     torch.testing.assert_close(memoryless, torch.full((64,), -7.0))
     vec.close()
+
+
+# ---------------------------------------------------------------- the critic's observation (docs/design.md §3)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_variant_gives_the_critic_the_whole_observation_and_its_own_final_one(mode):
+    """Bugs: the critic's final observation taken after the autoreset (the next episode's first), or its rows out
+    of step with the policy's observation (another env's, or a step behind)."""
+    keep = [0, 1]
+    hidden = envs.make("PendulumNoVel-v1", num_envs=2, seed=3, vectorization_mode=mode, max_episode_steps=6)
+    full = envs.make("Pendulum-v1", num_envs=2, seed=3, max_episode_steps=6)
+    assert hidden.single_critic_observation_space.shape == full.single_observation_space.shape
+    obs, info = hidden.reset()
+    full_obs, _ = full.reset()
+    torch.testing.assert_close(info["critic_obs"], full_obs)
+    truncations = 0
+    for action in random_actions(full, 13):
+        obs, _, _, truncated, info = hidden.step(action)
+        full_obs, _, _, full_truncated, full_info = full.step(action)
+        torch.testing.assert_close(info["critic_obs"], full_obs)
+        torch.testing.assert_close(info["final_critic_obs"], full_info["final_obs"])
+        torch.testing.assert_close(info["critic_obs"][:, keep], obs)
+        torch.testing.assert_close(info["final_critic_obs"][:, keep], info["final_obs"])
+        truncations += int(truncated.sum())
+        assert torch.equal(truncated, full_truncated)
+    assert truncations == 4  # two episode ends per env: the final rows differ from the reset rows there
+    hidden.close()
+
+
+def test_a_subset_reset_keeps_the_critic_observation_in_step():
+    """Bug: resetting some envs refreshes the policy's observation but leaves the critic's stale (or zeroes the
+    rows of the envs that were not reset)."""
+    vec = envs.make("HalfCheetahNoVel-v5", num_envs=3, seed=0)
+    vec.reset()
+    for action in random_actions(vec, 4):
+        obs, _, _, _, info = vec.step(action)
+    before = info["critic_obs"]
+    mask = torch.tensor([False, True, False])
+    new_obs, new_info = vec.reset(options={"reset_mask": mask})
+    keep = [i for i in range(17) if i not in VELOCITY_INDICES["HalfCheetah-v5"]]
+    torch.testing.assert_close(new_info["critic_obs"][:, keep], new_obs)
+    torch.testing.assert_close(new_info["critic_obs"][~mask], before[~mask])
+    assert not torch.allclose(new_info["critic_obs"][1], before[1])
+    _, _, _, _, info = vec.step(torch.zeros(3, 6))
+    torch.testing.assert_close(info["critic_obs"][:, keep], info["final_obs"])
+
+
+def test_a_blow_up_resets_the_critic_observation_with_the_env():
+    """Bug: a blown-up env's critic observation passed on non-finite (poisoning the critic's normaliser), or its
+    final one not the last finite one."""
+    vec = envs.make("PendulumNoVel-v1", num_envs=3, seed=0)
+    vec.reset()
+    _, _, _, _, info = vec.step(torch.zeros(3, 1))
+    last = info["critic_obs"]
+    vec.env.envs[1].unwrapped.state = np.array([0.0, np.nan])  # only the hidden velocity is not finite
+    obs, _, _, truncated, info = vec.step(torch.zeros(3, 1))
+    assert info["sim_errors"].tolist() == [False, True, False] and truncated.tolist() == [False, True, False]
+    assert torch.isfinite(info["critic_obs"]).all()
+    torch.testing.assert_close(info["final_critic_obs"][1], last[1])
+    torch.testing.assert_close(info["critic_obs"][:, :2], obs)
+
+
+def test_a_task_without_a_critic_observation_says_so():
+    """Bug: a task offering a critic observation it does not have (the scripts would train the critic on it)."""
+    vec = envs.make("Pendulum-v1", num_envs=2, seed=0)
+    obs, info = vec.reset()
+    assert vec.single_critic_observation_space is None and "critic_obs" not in info
+    assert "critic_obs" not in vec.step(torch.zeros(2, 1))[4]
