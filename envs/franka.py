@@ -30,6 +30,8 @@ KV = (450.0, 450.0, 350.0, 350.0, 200.0, 200.0, 200.0, 10.0, 10.0)
 FORCE_LIMIT = (87.0, 87.0, 87.0, 87.0, 12.0, 12.0, 12.0, 100.0, 100.0)
 TCP_OFFSET = (0.0, 0.0, 0.1034)  # from the hand link origin to the point between the fingertips (Panda TCP)
 NUM_ARM_JOINTS = 7
+# FrankaReach-v0's observation: q, q̇, previous action; ee pos, ee vel, target, ee→target
+FULL_REACH_OBS = 3 * NUM_ARM_JOINTS + 12
 # How far the arm's joint-velocity penalty can grow, in (rad/s)^2: keeps the term bounded.
 JOINT_VELOCITY_SQ_CAP = 100.0
 FINGERS_OPEN, FINGERS_CLOSED = 0.04, 0.0  # each finger joint's position (m): fully open, fully closed
@@ -162,11 +164,13 @@ class FrankaReachVecEnv(FrankaArmVecEnv):
             raise ValueError(f"success_threshold must be positive, got {success_threshold!r}")
         # FrankaReachNoVel-v0 drops the joint and end-effector velocities: a policy must infer them from memory.
         self.observe_velocities = observe_velocities
-        obs_dim = 3 * NUM_ARM_JOINTS + 12 + self.EXTRA_OBS  # q, q̇, previous action; ee pos, ee vel, target, ee→target
+        obs_dim = FULL_REACH_OBS + self.EXTRA_OBS
         if not observe_velocities:
             obs_dim -= NUM_ARM_JOINTS + 3
         super().__init__(num_envs, seed, device, sim_device, max_episode_steps, decimation, sim_dt, action_scale,
                          init_noise, obs_dim, NUM_ARM_JOINTS, stagger_episodes, max_abs_value, render_mode)
+        if not observe_velocities:  # the critic sees FrankaReach-v0's whole observation
+            self._offer_critic_observation(FULL_REACH_OBS)
         self.success_threshold = success_threshold
         self.weights = {
             "distance": distance_weight,
@@ -190,11 +194,18 @@ class FrankaReachVecEnv(FrankaArmVecEnv):
         self.to_target = self.target_pos - self.ee_pos
 
     def _observe(self) -> torch.Tensor:
-        parts = [self.q - self.home_qpos[:NUM_ARM_JOINTS], self.qd, self.ee_pos, self.ee_vel, self.target_pos,
-                 self.to_target, self.prev_action]
+        parts = self._observation_parts()
         if not self.observe_velocities:
             del parts[3], parts[1]
         return torch.cat(parts, dim=-1)
+
+    def _observation_parts(self) -> list[torch.Tensor]:
+        return [self.q - self.home_qpos[:NUM_ARM_JOINTS], self.qd, self.ee_pos, self.ee_vel, self.target_pos,
+                self.to_target, self.prev_action]
+
+    def _observe_critic(self) -> torch.Tensor:
+        """FrankaReach-v0's observation, velocities and target always seen, whatever the policy's hides."""
+        return torch.cat(self._observation_parts(), dim=-1)
 
     def _evaluate(self, action: torch.Tensor):
         distance = self.to_target.norm(dim=-1)
@@ -229,6 +240,7 @@ class FrankaReachCueVecEnv(FrankaReachVecEnv):
             raise ValueError(f"cue_steps must be a positive integer, got {cue_steps!r}")
         self.cue_steps = cue_steps
         super().__init__(*args, **kwargs)
+        self._offer_critic_observation(FULL_REACH_OBS)  # the target, seen at every step
         # Steps since the episode began; not episode_step, which starts staggered in the first episodes.
         self.episode_age = torch.zeros(self.num_envs, dtype=torch.int64, device=self.target_pos.device)
 

@@ -179,6 +179,7 @@ class FrankaPushCubeVecEnv(FrankaCubeVecEnv):
                                               device=sim)
             self.dynamics = torch.zeros(num_envs, 3, device=sim)  # mass (kg), cube friction, table friction
             self.STATE = (*self.STATE, "dynamics")
+            self._offer_critic_observation(obs_dim + 3)  # the policy's observation and the dynamics drawn
 
     def _add_objects(self, scene) -> None:
         super()._add_objects(scene)
@@ -238,6 +239,9 @@ class FrankaPushCubeVecEnv(FrankaCubeVecEnv):
         return torch.cat([self.q - self.home_qpos[:NUM_ARM_JOINTS], self.qd, self.prev_action, self.ee_pos,
                           self.ee_vel, self.cube_pos, self.cube_quat, self.cube_vel, self.goal_pos[:, :2],
                           self.to_push_point, self.cube_to_goal], dim=-1)
+
+    def _observe_critic(self) -> torch.Tensor:
+        return torch.cat([self._observe(), self.dynamics], dim=-1)
 
     def _evaluate(self, action: torch.Tensor):
         reach_distance = self.to_push_point.norm(dim=-1)

@@ -11,6 +11,8 @@ exact-resume state, headless rendering), so every task keeps it the same way:
     _observe()              the observation from that state
     _episode_info(ended)    task metrics for the envs whose episode ends on this step (`success`, ...), optional
     _send_commands()        re-send actuator commands that persist between steps (after a restore), optional
+    _observe_critic()       the critic's observation from that state, for a task that offers one (it calls
+                            `_offer_critic_observation(size)` in its __init__), optional
 
 and lists its own tensors in `STATE` (saved and restored with the simulator's joint state).
 """
@@ -84,6 +86,7 @@ class GenesisVecEnv(gym.vector.VectorEnv):
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
         self.single_action_space = gym.spaces.Box(-action_bound, action_bound, (action_dim,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.single_critic_observation_space = None  # a task with a critic observation sets it (docs/design.md §3)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self.single_action_space.seed(seed)
 
@@ -128,6 +131,17 @@ class GenesisVecEnv(gym.vector.VectorEnv):
     def _episode_info(self, ended: torch.Tensor) -> dict:
         return {}
 
+    def _observe_critic(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _offer_critic_observation(self, size: int) -> None:
+        """Declares that the task gives a critic `size` numbers of its own (`_observe_critic`) every step."""
+        self.single_critic_observation_space = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+
+    def _observe_both(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The policy's observation and the critic's (None for a task without one)."""
+        return self._observe(), self._observe_critic() if self.single_critic_observation_space is not None else None
+
     # ------------------------------------------------------------------ the contract
     def _start_episodes(self, envs_idx: torch.Tensor) -> None:
         self._reset_envs(envs_idx)
@@ -153,8 +167,9 @@ class GenesisVecEnv(gym.vector.VectorEnv):
             self.episode_step.random_(0, self.max_episode_steps, generator=self.generator)
         self.episodes.clear(mask.to(self.device))
         self._read_state()
-        self._last_obs = self._observe()
-        return self._last_obs.to(self.device), {}
+        self._last_obs, self._last_critic_obs = self._observe_both()
+        info = {} if self._last_critic_obs is None else {"critic_obs": self._last_critic_obs.to(self.device)}
+        return self._last_obs.to(self.device), info
 
     def step(self, action: torch.Tensor | np.ndarray):
         """Actions as a (num_envs, action_dim) tensor on any device, or a numpy array (`action_space.sample()`)."""
@@ -180,8 +195,10 @@ class GenesisVecEnv(gym.vector.VectorEnv):
         self.episode_step += 1
         self._read_state()
         terms, terminated = self._evaluate(action)
-        obs = self._observe()
+        obs, critic_obs = self._observe_both()
         failed |= ~(obs.abs() <= self.max_abs_value).all(dim=-1)  # NaN, inf or absurd: a blow-up
+        if critic_obs is not None:  # it holds what the policy's may hide (a velocity that blew up)
+            failed |= ~(critic_obs.abs() <= self.max_abs_value).all(dim=-1)
         terms = {name: torch.where(failed, 0.0, term) for name, term in terms.items()}
         reward = sum(terms.values())
         terminated = terminated & ~failed
@@ -190,11 +207,13 @@ class GenesisVecEnv(gym.vector.VectorEnv):
         task_info = self._episode_info(ended & ~failed)
         # A failed env's last state is not finite: bootstrap from the observation it acted on instead.
         final_obs = torch.where(failed[:, None], self._last_obs, obs)
+        if critic_obs is not None:
+            final_critic_obs = torch.where(failed[:, None], self._last_critic_obs, critic_obs)
         if ended.any():
             self._start_episodes(ended.nonzero().squeeze(-1))
             self._read_state()
-            obs = self._observe()
-        self._last_obs = obs
+            obs, critic_obs = self._observe_both()
+        self._last_obs, self._last_critic_obs = obs, critic_obs
 
         out = self.device
         reward, terminated, truncated = reward.to(out), terminated.to(out), truncated.to(out)
@@ -206,6 +225,8 @@ class GenesisVecEnv(gym.vector.VectorEnv):
             **{name: value.to(out) if torch.is_tensor(value) else {k: v.to(out) for k, v in value.items()}
                for name, value in task_info.items()},
         }
+        if critic_obs is not None:
+            info["critic_obs"], info["final_critic_obs"] = critic_obs.to(out), final_critic_obs.to(out)
         return obs.to(out), reward, terminated, truncated, info
 
     def state_dict(self) -> dict:
@@ -213,7 +234,8 @@ class GenesisVecEnv(gym.vector.VectorEnv):
         state = {name: getattr(self, name).cpu() for name in self.STATE}
         return {"qpos": self.robot.get_qpos().cpu(), "dofs_velocity": self.robot.get_dofs_velocity().cpu(),
                 "episode_step": self.episode_step.cpu(), "generator": self.generator.get_state(),
-                "last_obs": self._last_obs.cpu(), "episodes": self.episodes.state_dict(), **state}
+                "last_obs": self._last_obs.cpu(), "episodes": self.episodes.state_dict(), **state,
+                **({} if self._last_critic_obs is None else {"last_critic_obs": self._last_critic_obs.cpu()})}
 
     def load_state_dict(self, state: dict) -> None:
         """Restores `state_dict()`. Genesis's solver warm start is not part of it, so a resumed run matches
@@ -226,6 +248,8 @@ class GenesisVecEnv(gym.vector.VectorEnv):
             getattr(self, name).copy_(state[name])
         self.generator.set_state(state["generator"])
         self._last_obs = state["last_obs"].to(gs.device)
+        if "last_critic_obs" in state:
+            self._last_critic_obs = state["last_critic_obs"].to(gs.device)
         self.episodes.load_state_dict(state["episodes"])
         self._send_commands()
         self.seeded = True

@@ -41,6 +41,9 @@ NUM_JOINTS = len(JOINT_NAMES)
 # The observation's blocks in order, with their widths; the variants leave some out.
 OBS_LAYOUT = (("base_lin_vel", 3), ("base_ang_vel", 3), ("projected_gravity", 3), ("commands", 3),
               ("dof_pos", NUM_JOINTS), ("dof_vel", NUM_JOINTS), ("last_action", NUM_JOINTS))
+# The lower legs, which carry the feet (Genesis merges the URDF's fixed foot links into them).
+FEET = ("FR_calf", "FL_calf", "RR_calf", "RL_calf")
+CONTACT_FORCE_N = 1.0  # a foot whose net contact force exceeds this touches the ground
 
 
 def default_angle(joint: str) -> float:
@@ -135,6 +138,10 @@ class Go2WalkVecEnv(GenesisVecEnv):
 
         sim = gs.device
         self.motor_dofs = torch.tensor([self.robot.get_joint(name).dof_start for name in JOINT_NAMES], device=sim)
+        self.feet = torch.tensor([self.robot.get_link(name).idx_local for name in FEET], device=sim)
+        # The critic's observation: every block, velocities included whatever the policy's hides, and which feet
+        # touch the ground (legged_gym's and rsl_rl's privileged state; friction and mass are not drawn here).
+        self._offer_critic_observation(sum(width for _, width in OBS_LAYOUT) + len(FEET))
         self.robot.set_dofs_kp([kp] * NUM_JOINTS, self.motor_dofs)
         self.robot.set_dofs_kv([kd] * NUM_JOINTS, self.motor_dofs)
         self.default_dof_pos = torch.tensor([default_angle(name) for name in JOINT_NAMES], device=sim)
@@ -176,7 +183,16 @@ class Go2WalkVecEnv(GenesisVecEnv):
         self.dof_vel = self.robot.get_dofs_velocity(self.motor_dofs)
 
     def _observe(self) -> torch.Tensor:
-        blocks = {
+        blocks = self._observation_blocks()
+        return torch.cat([blocks[name] for name in self.observed], dim=-1)
+
+    def _observe_critic(self) -> torch.Tensor:
+        blocks = self._observation_blocks()
+        contact_force = self.robot.get_links_net_contact_force()[:, self.feet].norm(dim=-1)
+        return torch.cat([*(blocks[name] for name, _ in OBS_LAYOUT), (contact_force > CONTACT_FORCE_N).float()], dim=-1)
+
+    def _observation_blocks(self) -> dict[str, torch.Tensor]:
+        return {
             "base_lin_vel": self.base_lin_vel * OBS_SCALES["lin_vel"],
             "base_ang_vel": self.base_ang_vel * OBS_SCALES["ang_vel"],
             "projected_gravity": self.projected_gravity,
@@ -185,7 +201,6 @@ class Go2WalkVecEnv(GenesisVecEnv):
             "dof_vel": self.dof_vel * OBS_SCALES["dof_vel"],
             "last_action": self.last_action,
         }
-        return torch.cat([blocks[name] for name in self.observed], dim=-1)
 
     def _evaluate(self, action: torch.Tensor):
         lin_vel_error_sq = (self.commands[:, :2] - self.base_lin_vel[:, :2]).square().sum(-1)

@@ -123,15 +123,18 @@ def check_episode_statistics(vec, actions, on_step=None) -> int:
 
 def check_resume(vec, make_other, later_actions, atol: float) -> None:
     """Saves `vec.state_dict()` where it stands, steps `later_actions`, and checks that a fresh env from
-    `make_other()`, loaded with that state, steps to the same observations (to `atol`)."""
+    `make_other()`, loaded with that state, steps to the same observations, the critic's too (to `atol`)."""
     state = vec.state_dict()
-    expected = [vec.step(action)[0] for action in later_actions]
+    expected = [vec.step(action) for action in later_actions]
     other = make_other()
     other.reset()
     other.load_state_dict(state)
     try:
-        for action, obs in zip(later_actions, expected):
-            torch.testing.assert_close(other.step(action)[0], obs, atol=atol, rtol=atol)
+        for action, (obs, *_, info) in zip(later_actions, expected):
+            got_obs, *_, got_info = other.step(action)
+            torch.testing.assert_close(got_obs, obs, atol=atol, rtol=atol)
+            if "critic_obs" in info:  # the critic's observation resumes with the policy's
+                torch.testing.assert_close(got_info["critic_obs"], info["critic_obs"], atol=atol, rtol=atol)
     finally:
         other.close()
 

@@ -77,8 +77,11 @@ def test_novel_variant_hides_exactly_the_joint_and_end_effector_velocities(short
     novel_obs, _ = novel.reset(seed=11)
     for action in actions(1, 4, seed=3):
         torch.testing.assert_close(novel_obs, full_obs[:, keep], atol=1e-5, rtol=1e-5)
-        full_obs, novel_obs = short.step(action)[0], novel.step(action)[0]
+        full_obs, (novel_obs, *_, novel_info) = short.step(action)[0], novel.step(action)
+        # the critic sees FrankaReach-v0's whole observation, the hidden velocities included
+        torch.testing.assert_close(novel_info["critic_obs"], full_obs, atol=1e-5, rtol=1e-5)
     assert full_obs[:, 7:14].abs().max() > 1e-3  # the hidden entries did carry motion
+    assert novel.single_critic_observation_space.shape == (33,) and short.single_critic_observation_space is None
     novel.close()
 
 

@@ -298,3 +298,37 @@ def test_bad_arguments_raise_clear_errors(env_id, kwargs, match):
     that builds a scene anyway."""
     with pytest.raises(ValueError, match=match):
         envs.make(env_id, num_envs=2, **CPU, **kwargs)
+
+
+# ---------------------------------------------------------------- the critic's observation (docs/design.md §3)
+def test_the_cue_task_critic_sees_the_target_at_every_step_and_its_own_final_one(scenes):
+    """Bugs: the critic as blind as the policy once the cue is gone (the target zeroed in its observation too),
+    or its final observation taken after the autoreset (the next episode's target)."""
+    cue = scenes["FrankaReachCue-v0"]
+    assert cue.single_critic_observation_space.shape == (33,)
+    obs, info = cue.reset(seed=20)
+    cue.episode_step[:] = torch.tensor([0, 1, 2, 3])
+    ended = 0
+    for action in actions(cue, EPISODE + 2, seed=20, scale=0.3):
+        torch.testing.assert_close(info["critic_obs"][:, 20:23], cue.target_pos)  # seen whatever the cue
+        torch.testing.assert_close(info["critic_obs"][:, :20], obs[:, :20])
+        target = cue.target_pos.clone()
+        obs, _, _, truncated, info = cue.step(action)
+        torch.testing.assert_close(info["final_critic_obs"][:, 20:23], target)
+        torch.testing.assert_close(info["final_critic_obs"][:, :20], info["final_obs"][:, :20])
+        ended += int(truncated.sum())
+    assert ended == 4 and (obs[:, 33] == 0).any()  # every env's episode ended once; some targets were hidden
+
+
+def test_the_randomised_cube_task_critic_sees_the_drawn_mass_and_frictions(scenes):
+    """Bugs: the critic as blind as the policy to the dynamics drawn, or a draw of another env or episode."""
+    rand = scenes["FrankaPushCubeRandom-v0"]
+    assert scenes["FrankaPushCube-v0"].single_critic_observation_space is None
+    obs, info = rand.reset(seed=21)
+    torch.testing.assert_close(info["critic_obs"], torch.cat([obs, rand.dynamics], dim=-1))
+    rand.episode_step[:] = EPISODE - 1  # every episode ends on the next step: new draws
+    before = rand.dynamics.clone()
+    obs, _, _, truncated, info = rand.step(torch.zeros(4, 7))
+    assert truncated.all() and not torch.allclose(rand.dynamics, before)
+    torch.testing.assert_close(info["critic_obs"], torch.cat([obs, rand.dynamics], dim=-1))
+    torch.testing.assert_close(info["final_critic_obs"], torch.cat([info["final_obs"], before], dim=-1))

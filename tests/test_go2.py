@@ -293,3 +293,61 @@ def test_headless_video_frame_shows_the_robot():
     # The robot (light grey) stays in the middle of the frame, over a dark checkered floor.
     bright = frame.mean(-1) > 150
     assert bright[100:260, 140:340].mean() > 0.02 and bright.mean() < 0.05
+
+
+# ---------------------------------------------------------------- the critic's observation (docs/design.md §3)
+def feet_on_ground(vec) -> torch.Tensor:
+    """Which feet touch the ground, from the simulator's contacts (the critic observation's last four entries)."""
+    feet = [vec.robot.get_link(name).idx_local for name in ("FR_calf", "FL_calf", "RR_calf", "RL_calf")]
+    return (vec.robot.get_links_net_contact_force()[:, feet].norm(dim=-1) > 1.0).float()
+
+
+@pytest.mark.parametrize("variant", ["batch", *KEPT])
+def test_the_critic_sees_every_velocity_and_which_feet_touch_the_ground(batch, variant, request):
+    """Bugs: the critic as blind as the policy (a hidden velocity missing from its observation), its entries out
+    of step with the policy's (another step's, another env's), or contacts of other links than the feet."""
+    vec = request.getfixturevalue(variant)
+    kept = KEPT.get(variant, [*range(48)])
+    assert vec.single_critic_observation_space.shape == (52,)
+    obs, info = vec.reset(seed=14)
+    full_obs = batch.reset(seed=14)[0] if vec is not batch else obs  # Go2Walk-v0's observation, the same robots
+    touching = 0.0
+    for action in actions(4, 8, seed=14):
+        torch.testing.assert_close(info["critic_obs"][:, :48], full_obs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(info["critic_obs"][:, kept], obs)
+        torch.testing.assert_close(info["critic_obs"][:, 48:], feet_on_ground(vec))
+        touching += info["critic_obs"][:, 48:].sum().item()
+        obs, info = vec.step(action)[::4]
+        full_obs = batch.step(action)[0] if vec is not batch else obs
+    assert 0 < touching < 8 * 4 * 4  # the feet land and lift: the contacts are not constant
+
+
+def test_the_critic_bootstraps_from_its_own_last_observation_of_a_truncated_episode(novelall, long):
+    """Bug: the critic's final observation taken after the autoreset (standing at the start, a new command), or
+    the policy's final observation handed to the critic."""
+    novelall.reset(seed=15)
+    _, long_info = long.reset(seed=15)
+    for t, action in enumerate(actions(1, EPISODE, seed=15, scale=0.3)):
+        obs, _, _, truncated, info = novelall.step(action.expand(4, 12))
+        _, _, _, _, long_info = long.step(action)
+        torch.testing.assert_close(info["final_critic_obs"][:1, :48], long_info["critic_obs"][:, :48], atol=1e-4,
+                                   rtol=1e-4)
+        torch.testing.assert_close(info["final_critic_obs"][:, KEPT["novelall"]], info["final_obs"])
+    assert truncated[0] and not torch.allclose(info["final_critic_obs"][0], info["critic_obs"][0])
+
+
+def test_subset_reset_and_blow_up_keep_the_critic_observation_in_step(novelall):
+    """Bugs: resetting some robots leaves their critic observation stale (or redraws the others'); a diverged
+    robot's critic observation passed on non-finite, or its final one not the last finite one."""
+    novelall.reset(seed=16)
+    for action in actions(4, 3, seed=16):
+        _, _, _, _, info = novelall.step(action)
+    mask = torch.tensor([False, True, False, False])
+    obs, reset_info = novelall.reset(options={"reset_mask": mask})
+    torch.testing.assert_close(reset_info["critic_obs"][~mask], info["critic_obs"][~mask])
+    torch.testing.assert_close(reset_info["critic_obs"][:, KEPT["novelall"]], obs)
+    assert reset_info["critic_obs"][1, :6].abs().max() < 1e-4  # the reset robot stands at rest
+    novelall.robot.set_dofs_velocity(torch.full((1, 18), float("nan")), envs_idx=[3])
+    _, _, _, _, info = novelall.step(torch.zeros(4, 12))
+    assert info["sim_errors"].tolist() == [False, False, False, True] and torch.isfinite(info["critic_obs"]).all()
+    torch.testing.assert_close(info["final_critic_obs"][3], reset_info["critic_obs"][3])
