@@ -128,6 +128,8 @@ class Args:
 
     hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer widths of the actor and of the critic"""
+    privileged_critic: bool = False
+    """train the critic on the task's critic observation (privileged state: docs/tasks.md), where the task has one"""
     activation: Literal["tanh", "elu", "relu"] = "elu"
     """hidden activation"""
     init_log_std: float = 0.0
@@ -235,13 +237,15 @@ class Agent(nn.Module):
     change of variables: log|d a / d u| = sum log(half_range * (1 - tanh(u)^2)).
     """
 
-    def __init__(self, args: Args, obs_space, action_space):
+    def __init__(self, args: Args, obs_space, action_space, critic_obs_space=None):
         super().__init__()
         if args.action_transform == "tanh" and not (np.isfinite(action_space.low).all()
                                                     and np.isfinite(action_space.high).all()):
             raise UsageError(f"--action-transform tanh needs finite action bounds; {args.env_id} has {action_space}")
         obs_dim, act_dim = obs_space.shape[0], action_space.shape[0]
-        self.critic = mlp(obs_dim, args.hidden_sizes, 1, args.activation, out_std=1.0)
+        # The critic reads the task's critic observation if given one (--privileged-critic), else the policy's.
+        critic_dim = obs_dim if critic_obs_space is None else critic_obs_space.shape[0]
+        self.critic = mlp(critic_dim, args.hidden_sizes, 1, args.activation, out_std=1.0)
         self.actor_mean = mlp(obs_dim, args.hidden_sizes, act_dim, args.activation, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.full((1, act_dim), float(args.init_log_std)))
         self.transform = args.action_transform
@@ -266,13 +270,15 @@ class Agent(nn.Module):
             log_prob = log_prob - (log_det + torch.log((self.action_high - self.action_low) / 2)).sum(-1)
         return log_prob
 
-    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
-        """(action, log-prob, entropy, value): a new sample when `action` is None, else the given one scored."""
+    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None,
+                             critic_obs: torch.Tensor | None = None):
+        """(action, log-prob, entropy, value): a new sample when `action` is None, else the given one scored; the
+        value of `critic_obs` where the critic has an observation of its own, else of `obs`."""
         mean = self.actor_mean(obs)
         if action is None:
             action = mean + self.actor_logstd.exp() * torch.randn_like(mean)
         entropy = (self.actor_logstd + 0.5 + HALF_LOG_2PI).sum(-1).expand(mean.shape[:-1])
-        return action, self.log_prob(mean, action), entropy, self.get_value(obs)
+        return action, self.log_prob(mean, action), entropy, self.get_value(obs if critic_obs is None else critic_obs)
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         if self.transform == "tanh":
@@ -283,9 +289,15 @@ class Agent(nn.Module):
         return self.env_action(self.actor_mean(obs))
 
 
-def build_agent(args: Args, vec, device: torch.device) -> tuple[Agent, ObsNormalizer]:
-    agent = Agent(args, vec.single_observation_space, vec.single_action_space).to(device)
-    return agent, ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
+def build_agent(args: Args, vec, device: torch.device) -> tuple[Agent, ObsNormalizer, ObsNormalizer | None]:
+    """The agent, its observation normaliser and, with --privileged-critic on a task that has a critic observation,
+    the critic observation's own normaliser (else None: the critic reads the normalised policy observation)."""
+    critic_space = vec.single_critic_observation_space if args.privileged_critic else None
+    agent = Agent(args, vec.single_observation_space, vec.single_action_space, critic_space).to(device)
+    obs_norm = ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
+    if critic_space is None:
+        return agent, obs_norm, None
+    return agent, obs_norm, ObsNormalizer(critic_space.shape, args.norm_obs, args.norm_obs_until).to(device)
 
 
 def compute_gae(rewards, values, last_value, final_values, terminated, truncated, gamma, gae_lambda):
@@ -319,10 +331,11 @@ def normalise_advantages(advantages: torch.Tensor, args: Args) -> torch.Tensor:
     return (advantages - mean) / (std + 1e-8)
 
 
-def ppo_loss(agent, obs, actions, old_logprobs, advantages, returns, old_values, args: Args):
+def ppo_loss(agent, obs, actions, old_logprobs, advantages, returns, old_values, critic_obs, args: Args):
     """The clipped PPO objective on one minibatch; returns (loss, stats). Advantages are normalised here when
-    per minibatch; returns are the value targets as they are."""
-    _, new_logprobs, entropy, new_values = agent.get_action_and_value(obs, actions)
+    per minibatch; returns are the value targets as they are. `critic_obs`: the critic's own observations, or None
+    (it reads `obs`)."""
+    _, new_logprobs, entropy, new_values = agent.get_action_and_value(obs, actions, critic_obs)
     logratio = new_logprobs - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv and args.norm_adv_per_minibatch:
@@ -407,8 +420,9 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def update(agent: Agent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple, args: Args) -> tuple[dict, int]:
-    """PPO's epochs of minibatch steps on one rollout: `batch` = (obs, actions, logprobs, advantages, returns, values),
-    flat. Returns the losses' means and the first minibatch's diagnostics (as logged), and the epochs done."""
+    """PPO's epochs of minibatch steps on one rollout: `batch` = (obs, actions, logprobs, advantages, returns, values,
+    critic_obs or None), flat. Returns the losses' means and the first minibatch's diagnostics (as logged), and the
+    epochs done."""
     stat_sums: dict[str, torch.Tensor] = {}
     num_updates = 0
     if args.norm_adv and not args.norm_adv_per_minibatch:
@@ -421,7 +435,7 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple
         for start in range(0, args.batch_size, args.minibatch_size):
             idx = permutation[start : start + args.minibatch_size]
             # index_select, not x[idx]: the same rows at a third to a quarter of the cost on the CPU
-            loss, stats = loss_fn(agent, *(x.index_select(0, idx) for x in batch), args)
+            loss, stats = loss_fn(agent, *(x if x is None else x.index_select(0, idx) for x in batch), args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             # torchrun: every process steps with the mean gradient and, for the adaptive rate and the early stop,
@@ -565,50 +579,64 @@ class RolloutBuffers:
     values: torch.Tensor
     terminated: torch.Tensor
     truncated: torch.Tensor
+    critic_obs: torch.Tensor | None = None  # the critic's own observations and final ones (--privileged-critic)
+    final_critic_obs: torch.Tensor | None = None
 
     @classmethod
-    def allocate(cls, args: Args, vec, device: torch.device) -> RolloutBuffers:
+    def allocate(cls, args: Args, vec, device: torch.device, critic_obs_dim: int = 0) -> RolloutBuffers:
         T, N = args.num_steps, args.num_envs
         obs_dim, act_dim = vec.single_observation_space.shape[0], vec.single_action_space.shape[0]
         buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=device)  # noqa: E731
+        critic = dict(critic_obs=buf(critic_obs_dim), final_critic_obs=buf(critic_obs_dim)) if critic_obs_dim else {}
         return cls(obs=buf(obs_dim), final_obs=buf(obs_dim), actions=buf(act_dim), logprobs=buf(), rewards=buf(),
-                   values=buf(), terminated=buf(dtype=torch.bool), truncated=buf(dtype=torch.bool))
+                   values=buf(), terminated=buf(dtype=torch.bool), truncated=buf(dtype=torch.bool), **critic)
 
 
 @torch.inference_mode()
-def collect_rollout(agent: Agent, get_action_and_value, obs_norm: ObsNormalizer, vec, rollout: RolloutBuffers,
-                    carry: dict, reports: RolloutReports, run: Run, global_step: int, iteration: int,
-                    args: Args) -> torch.Tensor:
+def collect_rollout(agent: Agent, get_action_and_value, obs_norm: ObsNormalizer, critic_norm: ObsNormalizer | None,
+                    vec, rollout: RolloutBuffers, carry: dict, reports: RolloutReports, run: Run, global_step: int,
+                    iteration: int, args: Args) -> torch.Tensor:
     """Steps the envs num_steps times with the policy (`get_action_and_value`: the agent's, compiled or not), from
-    where the last rollout ended (`carry`, moved on to where this one ends), filling `rollout` and `reports`.
-    Returns the normalised observation after the last step (the bootstrap's)."""
+    where the last rollout ended (`carry`, moved on to where this one ends), filling `rollout` and `reports`; with
+    a critic normaliser, the critic's own observations too. Returns what the critic reads after the last step
+    (normalised: the bootstrap's input)."""
     T, N = args.num_steps, args.num_envs
     next_obs = obs_norm(carry["next_obs_raw"])
+    next_critic_obs = None if critic_norm is None else critic_norm(carry["next_critic_obs_raw"])
     for step in range(T):
         rollout.obs[step] = next_obs
-        action, logprob, _, value = get_action_and_value(next_obs)
+        if critic_norm is not None:
+            rollout.critic_obs[step] = next_critic_obs
+        action, logprob, _, value = get_action_and_value(next_obs, None, next_critic_obs)
         rollout.actions[step], rollout.logprobs[step], rollout.values[step] = action, logprob, value
         next_obs_raw, reward, terminated, truncated, info = step_envs(
             vec, agent.env_action(action), args.env_id, global_step + step * N, iteration)
         obs_norm.update(next_obs_raw)
         next_obs, rollout.final_obs[step] = obs_norm(next_obs_raw), obs_norm(info["final_obs"])
+        if critic_norm is not None:
+            carry["next_critic_obs_raw"] = info["critic_obs"]
+            critic_norm.update(info["critic_obs"])
+            next_critic_obs = critic_norm(info["critic_obs"])
+            rollout.final_critic_obs[step] = critic_norm(info["final_critic_obs"])
         rollout.rewards[step] = reward
         rollout.terminated[step], rollout.truncated[step] = terminated, truncated
         reports.record(step, info)
         if run.recorder is not None:
             run.record_video(terminated | truncated, global_step, (step + 1) * N)
     carry["next_obs_raw"] = next_obs_raw
-    return next_obs
+    return next_obs if critic_norm is None else next_critic_obs
 
 
 @torch.inference_mode()
 def compute_advantages(agent: Agent, rollout: RolloutBuffers, next_obs: torch.Tensor, reward_scaler: RewardScaler,
                        args: Args) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over the rollout (rewards scaled first with --norm-reward), bootstrapped with V(next_obs) after its last
-    step and V(final_obs) where an episode was truncated. Returns (advantages, returns), (num_steps, num_envs)."""
+    step and V(final_obs) where an episode was truncated, the critic's own observations where it has them. Returns
+    (advantages, returns), (num_steps, num_envs)."""
     T, N = args.num_steps, args.num_envs
     last_value = agent.get_value(next_obs)
-    final_values = agent.get_value(rollout.final_obs.flatten(0, 1)).view(T, N)
+    final_obs = rollout.final_obs if rollout.final_critic_obs is None else rollout.final_critic_obs
+    final_values = agent.get_value(final_obs.flatten(0, 1)).view(T, N)
     dones = rollout.terminated | rollout.truncated
     rewards = reward_scaler(rollout.rewards, dones) if args.norm_reward else rollout.rewards
     return compute_gae(rewards, rollout.values, last_value, final_values, rollout.terminated, rollout.truncated,
@@ -642,7 +670,10 @@ def train(args: Args, on_iteration=None) -> dict:
     # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
     vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
                    render=args.capture_video and rank == 0)
-    agent, obs_norm = build_agent(args, vec, policy_device)
+    agent, obs_norm, critic_norm = build_agent(args, vec, policy_device)
+    if args.privileged_critic and critic_norm is None:
+        print(f"--privileged-critic: {args.env_id} has no critic observation (docs/tasks.md); the critic reads the "
+              "policy's")
     if dist.is_initialized():  # every process starts from process 0's network
         for tensor in agent.state_dict().values():
             dist.broadcast(tensor, src=0)
@@ -659,13 +690,20 @@ def train(args: Args, on_iteration=None) -> dict:
     # next rollout starts (restored with the envs' state).
     stateful = {"model": agent, "optimizer": optimizer, "obs_normalizer": obs_norm}
     own_stateful = {"reward_scaler": reward_scaler}
-    carry = {"next_obs_raw": vec.reset(seed=args.seed + rank * args.num_envs)[0]}
+    next_obs_raw, reset_info = vec.reset(seed=args.seed + rank * args.num_envs)
+    carry = {"next_obs_raw": next_obs_raw}
+    if critic_norm is not None:
+        stateful["critic_obs_normalizer"] = critic_norm
+        carry["next_critic_obs_raw"] = reset_info["critic_obs"]
     if checkpoint is None:
         obs_norm.update(carry["next_obs_raw"])
+        if critic_norm is not None:
+            critic_norm.update(carry["next_critic_obs_raw"])
     global_step, start_iteration = restore(checkpoint, rank, vec, stateful, own_stateful, carry)
 
     T, N = args.num_steps, args.num_envs
-    rollout = RolloutBuffers.allocate(args, vec, policy_device)
+    critic_obs_dim = 0 if critic_norm is None else vec.single_critic_observation_space.shape[0]
+    rollout = RolloutBuffers.allocate(args, vec, policy_device, critic_obs_dim)
     reports = RolloutReports(T, N, policy_device)
     run = Run(args, rank, policy_device, vec, stateful, own_stateful, carry, start_iteration,
               resumed_at=global_step if checkpoint is not None else None, on_iteration=on_iteration)
@@ -679,16 +717,17 @@ def train(args: Args, on_iteration=None) -> dict:
             run.start_video(iteration)
             rollout_start = time.perf_counter()
             reports.start()
-            next_obs = collect_rollout(agent, get_action_and_value, obs_norm, vec, rollout, carry, reports, run,
-                                       global_step, iteration, args)
+            next_obs = collect_rollout(agent, get_action_and_value, obs_norm, critic_norm, vec, rollout, carry, reports,
+                                       run, global_step, iteration, args)
             advantages, returns = compute_advantages(agent, rollout, next_obs, reward_scaler, args)
             global_step += T * N * args.world_size
             rollout_time = time.perf_counter() - rollout_start
 
             update_start = time.perf_counter()
             torch.set_num_threads(update_threads)
+            critic_obs = None if rollout.critic_obs is None else rollout.critic_obs.flatten(0, 1)
             batch = (rollout.obs.flatten(0, 1), rollout.actions.flatten(0, 1), rollout.logprobs.flatten(),
-                     advantages.flatten(), returns.flatten(), rollout.values.flatten())
+                     advantages.flatten(), returns.flatten(), rollout.values.flatten(), critic_obs)
             update_stats, epochs_done = update(agent, optimizer, loss_fn, batch, args)
             update_time = time.perf_counter() - update_start
             torch.set_num_threads(rollout_threads)
@@ -730,7 +769,7 @@ def evaluate(
     num_envs = min(episodes, max(16, args.num_envs))
     quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
     vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, stagger_episodes=False)
-    agent, obs_norm = build_agent(args, vec, policy_device)
+    agent, obs_norm, _ = build_agent(args, vec, policy_device)  # the policy alone acts: no critic normaliser
     agent.load_state_dict(checkpoint["model"])
     obs_norm.load_state_dict(checkpoint["obs_normalizer"])
     obs, _ = vec.reset()

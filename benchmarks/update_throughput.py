@@ -85,7 +85,7 @@ def synthetic_update(module, args, obs_space, action_space, episode_length: int)
     with torch.no_grad():
         _, logprobs, _, values = agent.get_action_and_value(flat_obs, flat_actions)
     optimizer = module.make_optimizer(agent, args)
-    batch = (flat_obs, flat_actions, logprobs, advantages.flatten(), returns.flatten(), values)
+    batch = (flat_obs, flat_actions, logprobs, advantages.flatten(), returns.flatten(), values, None)  # no critic obs
     return lambda: module.update(agent, optimizer, module.ppo_loss, batch, args)
 
 

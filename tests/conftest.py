@@ -240,10 +240,10 @@ class MLPScript(Script):
         return agent.actor_mean(obs)
 
     def loss(self, agent, obs, actions, old_logprobs, advantages, returns, old_values, args):
-        return self.module.ppo_loss(agent, obs, actions, old_logprobs, advantages, returns, old_values, args)
+        return self.module.ppo_loss(agent, obs, actions, old_logprobs, advantages, returns, old_values, None, args)
 
     def loss_rows(self, loss_inputs):
-        obs, actions, logprobs, _, returns, _ = loss_inputs
+        obs, actions, logprobs, _, returns, *_ = loss_inputs  # then old values, critic observations
         return dict(obs=obs, actions=actions, logprobs=logprobs, returns=returns)
 
 
@@ -366,15 +366,20 @@ class ScriptedEnv:
     every observation is unique and identifies its env and step; a final observation adds 0.5 to the first
     entry, so it never equals an observation acted on. Episodes end on the schedule `ends[k, n]` (0: go on,
     1: terminated, 2: truncated). The reward depends on the observation acted on and the action received.
-    Records every action received and every (final) observation, reward and flag given.
+    Records every action received and every (final) observation, reward and flag given. With `critic`, a critic
+    observation of the same size that no policy observation equals: (3 - 0.01 x[0], x[1] + 5) of each (final)
+    observation x.
     """
 
-    def __init__(self, num_envs: int, ends: torch.Tensor, device="cpu", action_bound: float = 0.5):
+    def __init__(self, num_envs: int, ends: torch.Tensor, device="cpu", action_bound: float = 0.5,
+                 critic: bool = False):
         self.num_envs, self.device, self.ends = num_envs, device, ends
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.single_critic_observation_space = self.single_observation_space if critic else None
         self.single_action_space = gym.spaces.Box(-action_bound, action_bound, (1,), np.float32)
         self.episodes = EpisodeTracker(num_envs, device)
         self.received, self.rewards, self.terminated, self.truncated, self.final_obs = [], [], [], [], []
+        self.obs_log = []  # the observation each step returned (the reset's is `first_obs`)
         self.t = torch.zeros(num_envs)
         self.k = 0
 
@@ -382,11 +387,17 @@ class ScriptedEnv:
         env = torch.arange(self.num_envs)
         return torch.stack([self.k + 100.0 * env, torch.sin(self.t * 1.3 + env)], -1)
 
+    @staticmethod
+    def critic_of(obs):
+        return torch.stack([3 - 0.01 * obs[..., 0], obs[..., 1] + 5], -1)
+
     def reset(self, seed=None, options=None):
         self.t.zero_()
         self.k = 0
         self.obs = self._obs()
-        return self.obs.clone(), {}
+        self.first_obs = self.obs.clone()
+        return self.obs.clone(), {} if self.single_critic_observation_space is None else {
+            "critic_obs": self.critic_of(self.obs)}
 
     def step(self, action):
         action = torch.as_tensor(action, dtype=torch.float32)
@@ -402,10 +413,12 @@ class ScriptedEnv:
         self.obs = self._obs()
         final_obs = torch.where((terminated | truncated)[:, None], final_obs, self.obs)
         for log, value in ((self.rewards, reward), (self.terminated, terminated), (self.truncated, truncated),
-                           (self.final_obs, final_obs)):
+                           (self.final_obs, final_obs), (self.obs_log, self.obs)):
             log.append(value.clone())
         info = {"final_obs": final_obs, "episode": self.episodes.update(reward, terminated | truncated),
                 "sim_errors": torch.zeros(self.num_envs, dtype=torch.bool)}
+        if self.single_critic_observation_space is not None:
+            info["critic_obs"], info["final_critic_obs"] = self.critic_of(self.obs), self.critic_of(final_obs)
         return self.obs.clone(), reward, terminated, truncated, info
 
     def state_dict(self):
@@ -426,12 +439,13 @@ def episode_schedule(steps: int, num_envs: int, rollout: int, seed: int = 0) -> 
     return ends
 
 
-def use_scripted_env(monkeypatch, module, ends: torch.Tensor, action_bound: float = 0.5) -> list[ScriptedEnv]:
+def use_scripted_env(monkeypatch, module, ends: torch.Tensor, action_bound: float = 0.5,
+                     critic: bool = False) -> list[ScriptedEnv]:
     """Makes `module`'s envs.make return ScriptedEnvs; returns the list they are appended to."""
     made: list[ScriptedEnv] = []
 
     def make(env_id, num_envs, seed, device, **kwargs):
-        made.append(ScriptedEnv(num_envs, ends, device, action_bound))
+        made.append(ScriptedEnv(num_envs, ends, device, action_bound, critic))
         return made[-1]
 
     monkeypatch.setattr(module.envs, "make", make)

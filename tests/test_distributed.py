@@ -95,6 +95,7 @@ def _train_and_read_state(rank, name, flags):
     def capture_normaliser(*args, **kwargs):
         built = build_agent(*args, **kwargs)
         captured["obs_norm"] = built[1]
+        captured["critic_norm"] = built[2] if len(built) > 2 else None  # --privileged-critic's own normaliser
         return built
 
     module.make_optimizer, module.build_agent = capture_optimizer, capture_normaliser
@@ -105,6 +106,7 @@ def _train_and_read_state(rank, name, flags):
         "adam": [v.clone() for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)],
         "lr": [group["lr"] for group in optimizer.param_groups],
         "obs_norm": {k: v.clone() for k, v in captured["obs_norm"].state_dict().items()},
+        "critic_norm": {k: v.clone() for k, v in (captured["critic_norm"] or torch.nn.Module()).state_dict().items()},
         "summary": {k: v for k, v in summary.items() if k != "history"},
         "episodes": sum(1 for h in summary["history"] if "charts/episodic_return" in h),
     }
@@ -116,8 +118,10 @@ def assert_same_state(a: dict, b: dict) -> None:
     assert len(a["adam"]) == len(b["adam"]) > 0
     assert all(torch.equal(x, y) for x, y in zip(a["adam"], b["adam"]))
     assert a["lr"] == b["lr"]
-    for key in a["obs_norm"]:
-        assert torch.equal(a["obs_norm"][key], b["obs_norm"][key]), key
+    for group in ("obs_norm", "critic_norm"):
+        assert a[group].keys() == b[group].keys()
+        for key in a[group]:
+            assert torch.equal(a[group][key], b[group][key]), (group, key)
 
 
 TWO_PROCESS_RUNS: dict = {}
@@ -335,3 +339,13 @@ def test_torchrun_cli_sigterm_to_one_process_stops_both_after_the_same_iteration
     saved = sorted(glob.glob(os.path.join(run_dir, "checkpoint_*.pt")))
     assert saved[-1].endswith(f"checkpoint_{checkpoint['iteration']:06d}.pt")
     assert not checkpoint["other_processes"][0]["next_obs_raw"].equal(checkpoint["next_obs_raw"])  # its own envs
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous"])  # the scripts with --privileged-critic (issue 43: all three)
+def test_two_processes_with_a_privileged_critic_keep_one_network_and_one_critic_normaliser(name, tmp_path):
+    """Bug: the critic observation's normaliser left out of the processes' merge (each normalises the critic's
+    input by its own envs' statistics, and the processes' critics drift apart)."""
+    flags = tiny_flags(name, env_id="PendulumNoVel-v1", privileged_critic=True)
+    states = run_processes(_train_and_read_state, name, flags, cwd=tmp_path)
+    assert states[0]["critic_norm"]["count"].item() > 1
+    assert_same_state(states[0], states[1])

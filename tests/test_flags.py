@@ -78,6 +78,7 @@ MOVES: dict[str, list[Move]] = {
     "clip_grad_per_network": [Move(True, (("max_grad_norm", 0.01),))],
     "target_kl": [Move(1e-8, (("update_epochs", 3),))],
     "hidden_sizes": [Move((8,)), Move((8,), (("critic", "mlp"),))],
+    "privileged_critic": [Move(True, (("env_id", "PendulumNoVel-v1"),))],  # a task with a critic observation
     "activation": [Move("relu")],
     "init_log_std": [Move(-2.0)],
     "action_transform": [Move("tanh")],

@@ -644,7 +644,7 @@ def test_checkpoint_restores_every_piece_of_training_state(trained):
     assert checkpoint["args"]["env_id"] == args.env_id and checkpoint["args"]["seed"] == args.seed
     module = script.module
     saved_args = module.resolve_args(module.args_from_checkpoint(checkpoint))
-    agent, _ = module.build_agent(saved_args, module.make_env(saved_args, 1, 0, torch.device("cpu")), "cpu")
+    agent = module.build_agent(saved_args, module.make_env(saved_args, 1, 0, torch.device("cpu")), "cpu")[0]
     agent.load_state_dict(checkpoint["model"])  # strict: every tensor of the trained network, nothing else
     assert all(torch.isfinite(p).all() for p in agent.parameters())
     optimizer = checkpoint["optimizer"]
