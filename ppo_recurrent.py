@@ -143,6 +143,8 @@ class Args:
     """before each epoch after the first, recompute the sequences' starting states with the current weights"""
     hidden_sizes: tuple[int, ...] = (128, 64)
     """hidden layer widths of the actor and critic MLP heads on top of the trunk"""
+    privileged_critic: bool = False
+    """train the critic, an MLP, on the task's critic observation (privileged state: docs/tasks.md) if it has one"""
     activation: Literal["tanh", "elu", "relu"] = "elu"
     """hidden activation"""
     init_log_std: float = 0.0
@@ -257,7 +259,7 @@ class RecurrentAgent(nn.Module):
     Actions are scored and transformed as in ppo_continuous.py (stored unclipped; clip or tanh for the env).
     """
 
-    def __init__(self, args: Args, obs_space, action_space):
+    def __init__(self, args: Args, obs_space, action_space, critic_obs_space=None):
         super().__init__()
         if args.action_transform == "tanh" and not (np.isfinite(action_space.low).all()
                                                     and np.isfinite(action_space.high).all()):
@@ -265,7 +267,10 @@ class RecurrentAgent(nn.Module):
         obs_dim, act_dim = obs_space.shape[0], action_space.shape[0]
         rnn_hidden_size, rnn_layers = args.rnn_hidden_size, args.rnn_layers
         rnn_class = nn.GRU if args.rnn_type == "gru" else nn.LSTM
-        num_trunks = 1 if args.shared_trunk else 2
+        # Given a critic observation of its own (--privileged-critic), the critic is an MLP on it, as rsl_rl allows
+        # beside a recurrent actor: what it needs to remember is in that observation, so one trunk, the actor's.
+        self.privileged = critic_obs_space is not None
+        num_trunks = 1 if args.shared_trunk or self.privileged else 2
         self.trunks = nn.ModuleList(rnn_class(obs_dim, rnn_hidden_size, rnn_layers) for _ in range(num_trunks))
         for name, param in self.trunks.named_parameters():
             if "weight" in name:
@@ -277,7 +282,8 @@ class RecurrentAgent(nn.Module):
         self.state_size = len(self.trunks) * self.state_parts * rnn_layers * rnn_hidden_size
         self.heads_see_obs = args.heads_see_obs
         head_input = rnn_hidden_size + (obs_dim if args.heads_see_obs else 0)
-        self.critic = mlp(head_input, args.hidden_sizes, 1, args.activation, out_std=1.0)
+        critic_input = critic_obs_space.shape[0] if self.privileged else head_input
+        self.critic = mlp(critic_input, args.hidden_sizes, 1, args.activation, out_std=1.0)
         self.actor_mean = mlp(head_input, args.hidden_sizes, act_dim, args.activation, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.full((1, act_dim), float(args.init_log_std)))
         self.transform = args.action_transform
@@ -296,7 +302,7 @@ class RecurrentAgent(nn.Module):
         return torch.stack(chunk_states).flatten(0, 1)
 
     def is_critic(self, name: str) -> bool:
-        """Whether a parameter serves the value alone (its head, and its own trunk unless the trunk is shared)."""
+        """Whether a parameter serves the value alone (its head, and its own trunk if it has one)."""
         return name.startswith("critic") or (len(self.trunks) == 2 and name.startswith("trunks.1."))
 
     def initial_state(self, batch: int) -> torch.Tensor:
@@ -363,23 +369,30 @@ class RecurrentAgent(nn.Module):
             log_prob = log_prob - (log_det + torch.log((self.action_high - self.action_low) / 2)).sum(-1)
         return log_prob
 
-    def get_action_and_value(self, obs, state, starts, action=None):
+    def get_action_and_value(self, obs, state, starts, action=None, critic_obs=None):
         """(action, log-prob, entropy, value, next state). Acting (`action` None): one step of (B, obs_dim)
         observations after `state`, a new sample and the state after it. The update: (K, B) sequences of stored
-        steps from their starting states, the given actions scored (no next state)."""
+        steps from their starting states, the given actions scored (no next state). A privileged critic values
+        `critic_obs`, shaped as `obs`."""
         acting = action is None
         if acting:
             obs, starts = obs[None], starts[None]
+            critic_obs = None if critic_obs is None else critic_obs[None]
         actor_features, critic_features, next_state = self.features(obs, state, starts, final_state=acting)
         mean = self.actor_mean(actor_features)
         if acting:
             action = mean + self.actor_logstd.exp() * torch.randn_like(mean)
         entropy = (self.actor_logstd + 0.5 + HALF_LOG_2PI).sum(-1).expand(mean.shape[:-1])
-        outputs = action, self.log_prob(mean, action), entropy, self.critic(critic_features).squeeze(-1)
+        value = self.critic(critic_obs if self.privileged else critic_features).squeeze(-1)
+        outputs = action, self.log_prob(mean, action), entropy, value
         return (*(x[0] for x in outputs), next_state) if acting else (*outputs, None)
 
-    def get_value(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-        """V of (B, obs_dim) observations after `state`; the state itself is left to the caller, unchanged."""
+    def get_value(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor,
+                  critic_obs: torch.Tensor | None = None) -> torch.Tensor:
+        """V of (B, obs_dim) observations after `state` (or of `critic_obs` for a privileged critic); the state
+        itself is left to the caller, unchanged."""
+        if self.privileged:
+            return self.critic(critic_obs).squeeze(-1)
         _, critic_features, _ = self.features(obs[None], state, starts[None], critic_only=True, final_state=False)
         return self.critic(critic_features[0]).squeeze(-1)
 
@@ -393,9 +406,15 @@ class RecurrentAgent(nn.Module):
         return self.env_action(self.actor_mean(actor_features[0])), next_state
 
 
-def build_agent(args: Args, vec, device: torch.device) -> tuple[RecurrentAgent, ObsNormalizer]:
-    agent = RecurrentAgent(args, vec.single_observation_space, vec.single_action_space).to(device)
-    return agent, ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
+def build_agent(args: Args, vec, device: torch.device) -> tuple[RecurrentAgent, ObsNormalizer, ObsNormalizer | None]:
+    """The agent, its observation normaliser and, with --privileged-critic on a task that has a critic observation,
+    the critic observation's own normaliser (else None: the critic reads the policy's features)."""
+    critic_space = vec.single_critic_observation_space if args.privileged_critic else None
+    agent = RecurrentAgent(args, vec.single_observation_space, vec.single_action_space, critic_space).to(device)
+    obs_norm = ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
+    if critic_space is None:
+        return agent, obs_norm, None
+    return agent, obs_norm, ObsNormalizer(critic_space.shape, args.norm_obs, args.norm_obs_until).to(device)
 
 
 def to_sequences(x: torch.Tensor, K: int) -> torch.Tensor:
@@ -436,11 +455,13 @@ def normalise_advantages(advantages: torch.Tensor, args: Args) -> torch.Tensor:
     return (advantages - mean) / (std + 1e-8)
 
 
-def ppo_loss(agent, obs, actions, states, starts, old_logprobs, advantages, returns, old_values, args: Args):
+def ppo_loss(agent, obs, actions, states, starts, old_logprobs, advantages, returns, old_values, critic_obs,
+             args: Args):
     """The clipped PPO objective on a minibatch of (K, B) sequences that start from `states` (B, state_size);
     returns (loss, stats). Advantages are normalised here when per minibatch; returns are the value targets as they
-    are. Every step of every sequence is real data: nothing is padded, so nothing needs masking."""
-    _, new_logprobs, entropy, new_values, _ = agent.get_action_and_value(obs, states, starts, actions)
+    are. Every step of every sequence is real data: nothing is padded, so nothing needs masking. `critic_obs`: a
+    privileged critic's observations, or None."""
+    _, new_logprobs, entropy, new_values, _ = agent.get_action_and_value(obs, states, starts, actions, critic_obs)
     logratio = new_logprobs - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv and args.norm_adv_per_minibatch:
@@ -527,13 +548,15 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
 def update(agent: RecurrentAgent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple, state_buf: torch.Tensor,
            args: Args) -> tuple[dict, int]:
     """PPO's epochs on one rollout cut into sequences of --bptt-len steps, a minibatch being a set of sequences:
-    `batch` = (obs, starts, actions, logprobs, values, advantages, returns), each (num_steps, num_envs, ...), and
+    `batch` = (obs, starts, actions, logprobs, values, advantages, returns, critic_obs or None), each (num_steps,
+    num_envs, ...), and
     `state_buf` the state entering each step. Returns the losses' means and the first minibatch's diagnostics (as
     logged), and the epochs done."""
     K = args.bptt_len
     if args.norm_adv and not args.norm_adv_per_minibatch:
-        batch = (*batch[:5], normalise_advantages(batch[5], args), batch[6])
-    sequences = [to_sequences(x, K) for x in batch]  # obs, starts, actions, logprobs, values, advantages, returns
+        batch = (*batch[:5], normalise_advantages(batch[5], args), *batch[6:])
+    # obs, starts, actions, logprobs, values, advantages, returns, critic_obs
+    sequences = [x if x is None else to_sequences(x, K) for x in batch]
     s_states = state_buf[::K].reshape(args.num_sequences, agent.state_size)
     sequences_per_minibatch = args.num_sequences // args.num_minibatches
     stat_sums: dict[str, torch.Tensor] = {}
@@ -548,9 +571,10 @@ def update(agent: RecurrentAgent, optimizer: torch.optim.Optimizer, loss_fn, bat
         for start in range(0, args.num_sequences, sequences_per_minibatch):
             idx = permutation[start : start + sequences_per_minibatch]
             # index_select, not x[:, idx]: the same sequences at a third to a quarter of the cost on the CPU
-            obs, starts, actions, logprobs, values, advantages, returns = (x.index_select(1, idx) for x in sequences)
+            obs, starts, actions, logprobs, values, advantages, returns, critic_obs = (
+                x if x is None else x.index_select(1, idx) for x in sequences)
             loss, stats = loss_fn(agent, obs, actions, s_states.index_select(0, idx), starts, logprobs, advantages,
-                                   returns, values, args)
+                                   returns, values, critic_obs, args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             # torchrun: every process steps with the mean gradient and, for the adaptive rate and the early stop,
@@ -697,31 +721,41 @@ class RolloutBuffers:
     values: torch.Tensor
     terminated: torch.Tensor
     truncated: torch.Tensor
+    critic_obs: torch.Tensor | None = None  # the critic's own observations and final ones (--privileged-critic)
+    final_critic_obs: torch.Tensor | None = None
 
     @classmethod
-    def allocate(cls, args: Args, vec, state_size: int, device: torch.device) -> RolloutBuffers:
+    def allocate(cls, args: Args, vec, state_size: int, device: torch.device,
+                 critic_obs_dim: int = 0) -> RolloutBuffers:
         T, N = args.num_steps, args.num_envs
         obs_dim, act_dim = vec.single_observation_space.shape[0], vec.single_action_space.shape[0]
         buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=device)  # noqa: E731
+        critic = dict(critic_obs=buf(critic_obs_dim), final_critic_obs=buf(critic_obs_dim)) if critic_obs_dim else {}
         return cls(obs=buf(obs_dim), final_obs=buf(obs_dim), actions=buf(act_dim), states=buf(state_size),
                    final_states=buf(state_size), starts=buf(dtype=torch.bool), logprobs=buf(), rewards=buf(),
-                   values=buf(), terminated=buf(dtype=torch.bool), truncated=buf(dtype=torch.bool))
+                   values=buf(), terminated=buf(dtype=torch.bool), truncated=buf(dtype=torch.bool), **critic)
 
 
 @torch.inference_mode()
-def collect_rollout(agent: RecurrentAgent, get_action_and_value, obs_norm: ObsNormalizer, vec,
-                    rollout: RolloutBuffers, carry: dict, reports: RolloutReports, run: Run, global_step: int,
-                    iteration: int, args: Args) -> torch.Tensor:
+def collect_rollout(agent: RecurrentAgent, get_action_and_value, obs_norm: ObsNormalizer,
+                    critic_norm: ObsNormalizer | None, vec, rollout: RolloutBuffers, carry: dict,
+                    reports: RolloutReports, run: Run, global_step: int, iteration: int,
+                    args: Args) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Steps the envs num_steps times with the policy (`get_action_and_value`: the agent's, compiled or not), from
     where the last rollout ended (`carry`: the last observation and each env's recurrent state, moved on to where
-    this one ends), filling `rollout` and `reports`. Returns the normalised observation after the last step."""
+    this one ends), filling `rollout` and `reports`; with a critic normaliser, the critic's own observations too.
+    Returns the normalised observation after the last step, and the critic's (None without one)."""
     T, N = args.num_steps, args.num_envs
     next_obs, rnn_state, next_start = obs_norm(carry["next_obs_raw"]), carry["rnn_state"], carry["next_start"]
+    next_critic_obs = None if critic_norm is None else critic_norm(carry["next_critic_obs_raw"])
     for step in range(T):
         rollout.obs[step] = next_obs
+        if critic_norm is not None:
+            rollout.critic_obs[step] = next_critic_obs
         rnn_state = rnn_state * ~next_start[:, None]
         rollout.states[step], rollout.starts[step] = rnn_state, next_start
-        action, logprob, _, value, rnn_state = get_action_and_value(next_obs, rnn_state, next_start)
+        action, logprob, _, value, rnn_state = get_action_and_value(next_obs, rnn_state, next_start, None,
+                                                                    next_critic_obs)
         rollout.actions[step], rollout.logprobs[step], rollout.values[step] = action, logprob, value
         rollout.final_states[step] = rnn_state
         next_obs_raw, reward, terminated, truncated, info = step_envs(
@@ -730,27 +764,35 @@ def collect_rollout(agent: RecurrentAgent, get_action_and_value, obs_norm: ObsNo
         next_start = done
         obs_norm.update(next_obs_raw)
         next_obs, rollout.final_obs[step] = obs_norm(next_obs_raw), obs_norm(info["final_obs"])
+        if critic_norm is not None:
+            carry["next_critic_obs_raw"] = info["critic_obs"]
+            critic_norm.update(info["critic_obs"])
+            next_critic_obs = critic_norm(info["critic_obs"])
+            rollout.final_critic_obs[step] = critic_norm(info["final_critic_obs"])
         rollout.rewards[step] = reward
         rollout.terminated[step], rollout.truncated[step] = terminated, truncated
         reports.record(step, info)
         if run.recorder is not None:
             run.record_video(done, global_step, (step + 1) * N)
     carry.update(next_obs_raw=next_obs_raw, rnn_state=rnn_state, next_start=next_start)
-    return next_obs
+    return next_obs, next_critic_obs
 
 
 @torch.inference_mode()
-def compute_advantages(agent: RecurrentAgent, rollout: RolloutBuffers, next_obs: torch.Tensor, carry: dict,
-                       reward_scaler: RewardScaler, args: Args) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_advantages(agent: RecurrentAgent, rollout: RolloutBuffers, next_obs: torch.Tensor,
+                       next_critic_obs: torch.Tensor | None, carry: dict, reward_scaler: RewardScaler,
+                       args: Args) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over the rollout (rewards scaled first with --norm-reward), bootstrapped with V(next_obs) after its last
-    step and V(final_obs) where an episode was truncated. Returns (advantages, returns), (num_steps, num_envs)."""
+    step and V(final_obs) where an episode was truncated, the critic's own observations where it has them. Returns
+    (advantages, returns), (num_steps, num_envs)."""
     T, N = args.num_steps, args.num_envs
     # Bootstrap values read the carried state without advancing it: the next rollout continues
     # from rnn_state exactly as if this iteration's update had not happened in between.
-    last_value = agent.get_value(next_obs, carry["rnn_state"], carry["next_start"])
+    last_value = agent.get_value(next_obs, carry["rnn_state"], carry["next_start"], next_critic_obs)
     continuing = torch.zeros(T * N, dtype=torch.bool, device=next_obs.device)
+    final_critic_obs = None if rollout.final_critic_obs is None else rollout.final_critic_obs.flatten(0, 1)
     final_values = agent.get_value(rollout.final_obs.flatten(0, 1), rollout.final_states.flatten(0, 1),
-                                   continuing).view(T, N)
+                                   continuing, final_critic_obs).view(T, N)
     dones = rollout.terminated | rollout.truncated
     rewards = reward_scaler(rollout.rewards, dones) if args.norm_reward else rollout.rewards
     return compute_gae(rewards, rollout.values, last_value, final_values, rollout.terminated, rollout.truncated,
@@ -785,7 +827,10 @@ def train(args: Args, on_iteration=None) -> dict:
     # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
     vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
                    render=args.capture_video and rank == 0)
-    agent, obs_norm = build_agent(args, vec, policy_device)
+    agent, obs_norm, critic_norm = build_agent(args, vec, policy_device)
+    if args.privileged_critic and critic_norm is None:
+        print(f"--privileged-critic: {args.env_id} has no critic observation (docs/tasks.md); the critic reads the "
+              "policy's")
     if dist.is_initialized():  # every process starts from process 0's network
         for tensor in agent.state_dict().values():
             dist.broadcast(tensor, src=0)
@@ -803,15 +848,22 @@ def train(args: Args, on_iteration=None) -> dict:
     # envs' state).
     stateful = {"model": agent, "optimizer": optimizer, "obs_normalizer": obs_norm}
     own_stateful = {"reward_scaler": reward_scaler}
-    carry = {"next_obs_raw": vec.reset(seed=args.seed + rank * args.num_envs)[0],
+    next_obs_raw, reset_info = vec.reset(seed=args.seed + rank * args.num_envs)
+    carry = {"next_obs_raw": next_obs_raw,
              "rnn_state": agent.initial_state(args.num_envs),  # the state entering the next step, per env
              "next_start": torch.ones(args.num_envs, dtype=torch.bool, device=policy_device)}  # it starts an episode
+    if critic_norm is not None:
+        stateful["critic_obs_normalizer"] = critic_norm
+        carry["next_critic_obs_raw"] = reset_info["critic_obs"]
     if checkpoint is None:
         obs_norm.update(carry["next_obs_raw"])
+        if critic_norm is not None:
+            critic_norm.update(carry["next_critic_obs_raw"])
     global_step, start_iteration = restore(checkpoint, rank, vec, stateful, own_stateful, carry)
 
     T, N = args.num_steps, args.num_envs
-    rollout = RolloutBuffers.allocate(args, vec, agent.state_size, policy_device)
+    critic_obs_dim = 0 if critic_norm is None else vec.single_critic_observation_space.shape[0]
+    rollout = RolloutBuffers.allocate(args, vec, agent.state_size, policy_device, critic_obs_dim)
     reports = RolloutReports(T, N, policy_device)
     run = Run(args, rank, policy_device, vec, stateful, own_stateful, carry, start_iteration,
               resumed_at=global_step if checkpoint is not None else None, on_iteration=on_iteration)
@@ -825,16 +877,17 @@ def train(args: Args, on_iteration=None) -> dict:
             run.start_video(iteration)
             rollout_start = time.perf_counter()
             reports.start()
-            next_obs = collect_rollout(agent, get_action_and_value, obs_norm, vec, rollout, carry, reports, run,
-                                       global_step, iteration, args)
-            advantages, returns = compute_advantages(agent, rollout, next_obs, carry, reward_scaler, args)
+            next_obs, next_critic_obs = collect_rollout(agent, get_action_and_value, obs_norm, critic_norm, vec,
+                                                        rollout, carry, reports, run, global_step, iteration, args)
+            advantages, returns = compute_advantages(agent, rollout, next_obs, next_critic_obs, carry, reward_scaler,
+                                                     args)
             global_step += T * N * args.world_size
             rollout_time = time.perf_counter() - rollout_start
 
             update_start = time.perf_counter()
             torch.set_num_threads(update_threads)
             batch = (rollout.obs, rollout.starts, rollout.actions, rollout.logprobs, rollout.values, advantages,
-                     returns)
+                     returns, rollout.critic_obs)
             update_stats, epochs_done = update(agent, optimizer, loss_fn, batch, rollout.states, args)
             update_time = time.perf_counter() - update_start
             torch.set_num_threads(rollout_threads)
@@ -877,7 +930,7 @@ def evaluate(
     num_envs = min(episodes, max(16, args.num_envs))
     quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
     vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, stagger_episodes=False)
-    agent, obs_norm = build_agent(args, vec, policy_device)
+    agent, obs_norm, _ = build_agent(args, vec, policy_device)  # the policy alone acts: no critic normaliser
     agent.load_state_dict(checkpoint["model"])
     obs_norm.load_state_dict(checkpoint["obs_normalizer"])
     obs, _ = vec.reset()

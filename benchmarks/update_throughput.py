@@ -66,7 +66,7 @@ def synthetic_update(module, args, obs_space, action_space, episode_length: int)
         with torch.no_grad():
             _, logprobs, _, values, _ = agent.get_action_and_value(obs, state_buf[0], starts, actions)
         optimizer = module.make_optimizer(agent, args)
-        batch = (obs, starts, actions, logprobs, values, advantages, returns)
+        batch = (obs, starts, actions, logprobs, values, advantages, returns, None)  # no critic observation
         return lambda: module.update(agent, optimizer, module.ppo_loss, batch, state_buf, args)
     if hasattr(module, "TransformerAgent"):
         agent = module.TransformerAgent(args, obs_space, action_space)

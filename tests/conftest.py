@@ -284,10 +284,10 @@ class RecurrentScript(Script):
     def loss(self, agent, obs, actions, old_logprobs, advantages, returns, old_values, args):
         state, starts = self._fresh(agent, obs)
         return self.module.ppo_loss(agent, obs[None], actions[None], state, starts[None], old_logprobs[None],
-                                    advantages[None], returns[None], old_values[None], args)
+                                    advantages[None], returns[None], old_values[None], None, args)
 
     def loss_rows(self, loss_inputs):
-        obs, actions, _, _, logprobs, _, returns, _ = loss_inputs  # (K, B, ...) sequences
+        obs, actions, _, _, logprobs, _, returns, *_ = loss_inputs  # (K, B, ...) sequences, then critic obs
         rows = lambda x: x.transpose(0, 1).flatten(0, 1)  # noqa: E731
         return dict(obs=rows(obs), actions=rows(actions), logprobs=rows(logprobs), returns=rows(returns))
 

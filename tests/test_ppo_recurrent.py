@@ -51,10 +51,10 @@ def record_acting_and_training(monkeypatch):
     acted, trained = [], []
     original_act, original_loss = ppo.RecurrentAgent.get_action_and_value, ppo.ppo_loss
 
-    def recording_act(self, obs, state, starts, action=None):
+    def recording_act(self, obs, state, starts, action=None, critic_obs=None):
         if action is None:  # a rollout step (the update scores stored actions through ppo_loss)
             acted.append((obs.clone(), state.clone(), starts.clone()))
-        return original_act(self, obs, state, starts, action)
+        return original_act(self, obs, state, starts, action, critic_obs)
 
     def recording_loss(agent, obs, actions, states, starts, *rest):
         trained.append((copy.deepcopy(agent), obs.clone(), states.clone(), starts.clone()))
@@ -180,8 +180,8 @@ def test_bootstrap_value_does_not_advance_the_carried_state(in_tmp, monkeypatch)
     acted = []
     original_act = ppo.RecurrentAgent.get_action_and_value
 
-    def recording_act(self, obs, state, starts, action=None):
-        out = original_act(self, obs, state, starts, action)
+    def recording_act(self, obs, state, starts, action=None, critic_obs=None):
+        out = original_act(self, obs, state, starts, action, critic_obs)
         if action is None:
             acted.append((state.clone(), starts.clone(), out[4].clone()))
         return out
