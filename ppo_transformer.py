@@ -150,6 +150,8 @@ class Args:
     """value from the transformer's features, or from a separate MLP on the current observation"""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden widths of the MLP head on the transformer, and of the MLP critic"""
+    privileged_critic: bool = False
+    """train the critic, an MLP, on the task's critic observation (privileged state: docs/tasks.md) if it has one"""
     activation: Literal["tanh", "elu", "relu"] = "elu"
     """hidden activation"""
     init_log_std: float = 0.0
@@ -315,7 +317,7 @@ class TransformerAgent(nn.Module):
     query row is ever fully masked and attention never produces NaN.
     """
 
-    def __init__(self, args: Args, obs_space, action_space):
+    def __init__(self, args: Args, obs_space, action_space, critic_obs_space=None):
         super().__init__()
         if args.action_transform == "tanh" and not (np.isfinite(action_space.low).all()
                                                     and np.isfinite(action_space.high).all()):
@@ -330,8 +332,11 @@ class TransformerAgent(nn.Module):
         )
         self.final_norm = nn.LayerNorm(D) if args.pre_ln else nn.Identity()
         self.actor_mean = mlp(M * D, args.hidden_sizes, act_dim, args.activation, out_std=0.01)
-        self.shared_critic = args.critic == "shared"
-        self.critic = mlp(M * D if self.shared_critic else obs_dim, args.hidden_sizes, 1, args.activation, out_std=1.0)
+        # Given a critic observation of its own (--privileged-critic), the critic is an MLP on the current step's.
+        self.privileged = critic_obs_space is not None
+        self.shared_critic = args.critic == "shared" and not self.privileged
+        critic_input = critic_obs_space.shape[0] if self.privileged else M * D if self.shared_critic else obs_dim
+        self.critic = mlp(critic_input, args.hidden_sizes, 1, args.activation, out_std=1.0)
         self.actor_logstd = nn.Parameter(torch.full((1, act_dim), float(args.init_log_std)))
         self.transform = args.action_transform
         self.register_buffer("action_low", torch.as_tensor(action_space.low, dtype=torch.float32))
@@ -348,16 +353,21 @@ class TransformerAgent(nn.Module):
             tokens = block(tokens, key_mask, diagnostics)
         return self.final_norm(tokens[:, -self.num_tokens:]).flatten(1)
 
-    def value(self, features: torch.Tensor | None, windows: torch.Tensor) -> torch.Tensor:
+    def value(self, features: torch.Tensor | None, windows: torch.Tensor,
+              critic_obs: torch.Tensor | None = None) -> torch.Tensor:
+        if self.privileged:
+            return self.critic(critic_obs).squeeze(-1)
         return self.critic(features if self.shared_critic else windows[:, -1]).squeeze(-1)
 
     def is_critic(self, name: str) -> bool:
         """Whether a parameter serves the value alone (its MLP; a shared critic's trunk trains with the actor)."""
         return name.startswith("critic")
 
-    def get_value(self, windows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """V of the windows' current steps (the MLP critic reads the current observation alone: no attention)."""
-        return self.value(self.features(windows, valid) if self.shared_critic else None, windows)
+    def get_value(self, windows: torch.Tensor, valid: torch.Tensor,
+                  critic_obs: torch.Tensor | None = None) -> torch.Tensor:
+        """V of the windows' current steps (the MLP critic reads the current observation alone, or a privileged
+        critic `critic_obs`: no attention)."""
+        return self.value(self.features(windows, valid) if self.shared_critic else None, windows, critic_obs)
 
     def log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """log-density of the raw sample under N(mean, exp(log_std)), with the tanh correction if squashed. Closed
@@ -370,14 +380,16 @@ class TransformerAgent(nn.Module):
             log_prob = log_prob - (log_det + torch.log((self.action_high - self.action_low) / 2)).sum(-1)
         return log_prob
 
-    def get_action_and_value(self, windows: torch.Tensor, valid: torch.Tensor, action: torch.Tensor | None = None):
-        """(action, log-prob, entropy, value): a new sample when `action` is None, else the given one scored."""
+    def get_action_and_value(self, windows: torch.Tensor, valid: torch.Tensor, action: torch.Tensor | None = None,
+                             critic_obs: torch.Tensor | None = None):
+        """(action, log-prob, entropy, value): a new sample when `action` is None, else the given one scored; a
+        privileged critic values `critic_obs`."""
         features = self.features(windows, valid)
         mean = self.actor_mean(features)
         if action is None:
             action = mean + self.actor_logstd.exp() * torch.randn_like(mean)
         entropy = (self.actor_logstd + 0.5 + HALF_LOG_2PI).sum(-1).expand(mean.shape[:-1])
-        return action, self.log_prob(mean, action), entropy, self.value(features, windows)
+        return action, self.log_prob(mean, action), entropy, self.value(features, windows, critic_obs)
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         if self.transform == "tanh":
@@ -388,9 +400,15 @@ class TransformerAgent(nn.Module):
         return self.env_action(self.actor_mean(self.features(windows, valid)))
 
 
-def build_agent(args: Args, vec, device: torch.device) -> tuple[TransformerAgent, ObsNormalizer]:
-    agent = TransformerAgent(args, vec.single_observation_space, vec.single_action_space).to(device)
-    return agent, ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
+def build_agent(args: Args, vec, device: torch.device) -> tuple[TransformerAgent, ObsNormalizer, ObsNormalizer | None]:
+    """The agent, its observation normaliser and, with --privileged-critic on a task that has a critic observation,
+    the critic observation's own normaliser (else None)."""
+    critic_space = vec.single_critic_observation_space if args.privileged_critic else None
+    agent = TransformerAgent(args, vec.single_observation_space, vec.single_action_space, critic_space).to(device)
+    obs_norm = ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
+    if critic_space is None:
+        return agent, obs_norm, None
+    return agent, obs_norm, ObsNormalizer(critic_space.shape, args.norm_obs, args.norm_obs_until).to(device)
 
 
 class Context:
@@ -476,10 +494,11 @@ def normalise_advantages(advantages: torch.Tensor, args: Args) -> torch.Tensor:
     return (advantages - mean) / (std + 1e-8)
 
 
-def ppo_loss(agent, windows, valid, actions, old_logprobs, advantages, returns, old_values, args: Args):
+def ppo_loss(agent, windows, valid, actions, old_logprobs, advantages, returns, old_values, critic_obs, args: Args):
     """The clipped PPO objective on one minibatch of steps, each seen through its window; returns (loss, stats).
-    Advantages are normalised here when per minibatch; returns are the value targets as they are."""
-    _, new_logprobs, entropy, new_values = agent.get_action_and_value(windows, valid, actions)
+    Advantages are normalised here when per minibatch; returns are the value targets as they are. `critic_obs`: a
+    privileged critic's observations, or None."""
+    _, new_logprobs, entropy, new_values = agent.get_action_and_value(windows, valid, actions, critic_obs)
     logratio = new_logprobs - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv and args.norm_adv_per_minibatch:
@@ -570,8 +589,8 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
 def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple,
            args: Args) -> tuple[dict, int]:
     """PPO's epochs of minibatch steps on one rollout: `batch` = (windows, valid, actions, logprobs, advantages,
-    returns, values), flat over steps. Returns the losses' means and the first minibatch's diagnostics (as logged),
-    and the epochs done."""
+    returns, values, critic_obs or None), flat over steps. Returns the losses' means and the first minibatch's
+    diagnostics (as logged), and the epochs done."""
     stat_sums: dict[str, torch.Tensor] = {}
     num_updates = 0
     if args.norm_adv and not args.norm_adv_per_minibatch:
@@ -584,7 +603,7 @@ def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, loss_fn, b
         for start in range(0, args.batch_size, args.minibatch_size):
             idx = permutation[start : start + args.minibatch_size]
             # index_select, not x[idx]: the same rows at a third to a quarter of the cost on the CPU
-            loss, stats = loss_fn(agent, *(x.index_select(0, idx) for x in batch), args)
+            loss, stats = loss_fn(agent, *(x if x is None else x.index_select(0, idx) for x in batch), args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             # torchrun: every process steps with the mean gradient and, for the adaptive rate and the early stop,
@@ -730,36 +749,43 @@ class RolloutBuffers:
     values: torch.Tensor
     terminated: torch.Tensor
     truncated: torch.Tensor
+    critic_obs: torch.Tensor | None = None  # the critic's own observations and final ones (--privileged-critic)
+    final_critic_obs: torch.Tensor | None = None
     windows: torch.Tensor | None = None  # every step's window of K observations (T, N, K, obs_dim), and which are
     valid: torch.Tensor | None = None  # of its episode (T, N, K)
 
     @classmethod
-    def allocate(cls, args: Args, vec, device: torch.device) -> RolloutBuffers:
+    def allocate(cls, args: Args, vec, device: torch.device, critic_obs_dim: int = 0) -> RolloutBuffers:
         T, N = args.num_steps, args.num_envs
         obs_dim, act_dim = vec.single_observation_space.shape[0], vec.single_action_space.shape[0]
         buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=device)  # noqa: E731
+        critic = dict(critic_obs=buf(critic_obs_dim), final_critic_obs=buf(critic_obs_dim)) if critic_obs_dim else {}
         return cls(obs=buf(obs_dim), final_obs=buf(obs_dim), actions=buf(act_dim), episode=buf(dtype=torch.long),
                    logprobs=buf(), rewards=buf(), values=buf(), terminated=buf(dtype=torch.bool),
-                   truncated=buf(dtype=torch.bool))
+                   truncated=buf(dtype=torch.bool), **critic)
 
 
 @torch.inference_mode()
-def collect_rollout(agent: TransformerAgent, get_action_and_value, obs_norm: ObsNormalizer, vec,
-                    rollout: RolloutBuffers, carry: dict, reports: RolloutReports, run: Run, global_step: int,
-                    iteration: int, args: Args) -> torch.Tensor:
+def collect_rollout(agent: TransformerAgent, get_action_and_value, obs_norm: ObsNormalizer,
+                    critic_norm: ObsNormalizer | None, vec, rollout: RolloutBuffers, carry: dict,
+                    reports: RolloutReports, run: Run, global_step: int, iteration: int,
+                    args: Args) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Steps the envs num_steps times with the policy (`get_action_and_value`: the agent's, compiled or not), from
     where the last rollout ended (`carry`: the last observation and each env's context, moved on to where this one
-    ends), filling `rollout` (its windows last) and `reports`. Returns the normalised observation after the last
-    step."""
+    ends), filling `rollout` (its windows last) and `reports`; with a critic normaliser, the critic's own
+    observations too. Returns the normalised observation after the last step, and the critic's (None without one)."""
     T, N = args.num_steps, args.num_envs
     next_obs, context = obs_norm(carry["next_obs_raw"]), carry["context"]
+    next_critic_obs = None if critic_norm is None else critic_norm(carry["next_critic_obs_raw"])
     # The K-1 steps before this rollout: the update rebuilds the windows from them and the rollout.
     context_obs, context_episode = context.obs[:, 1:].transpose(0, 1), context.episode[:, 1:].transpose(0, 1)
     for step in range(T):
         rollout.obs[step] = next_obs
+        if critic_norm is not None:
+            rollout.critic_obs[step] = next_critic_obs
         context.push(next_obs)
         rollout.episode[step] = context.episode_id
-        action, logprob, _, value = get_action_and_value(context.obs, context.valid())
+        action, logprob, _, value = get_action_and_value(context.obs, context.valid(), None, next_critic_obs)
         rollout.actions[step], rollout.logprobs[step], rollout.values[step] = action, logprob, value
         next_obs_raw, reward, terminated, truncated, info = step_envs(
             vec, agent.env_action(action), args.env_id, global_step + step * N, iteration)
@@ -767,6 +793,11 @@ def collect_rollout(agent: TransformerAgent, get_action_and_value, obs_norm: Obs
         context.end_episodes(done)
         obs_norm.update(next_obs_raw)
         next_obs, rollout.final_obs[step] = obs_norm(next_obs_raw), obs_norm(info["final_obs"])
+        if critic_norm is not None:
+            carry["next_critic_obs_raw"] = info["critic_obs"]
+            critic_norm.update(info["critic_obs"])
+            next_critic_obs = critic_norm(info["critic_obs"])
+            rollout.final_critic_obs[step] = critic_norm(info["final_critic_obs"])
         rollout.rewards[step] = reward
         rollout.terminated[step], rollout.truncated[step] = terminated, truncated
         reports.record(step, info)
@@ -774,17 +805,21 @@ def collect_rollout(agent: TransformerAgent, get_action_and_value, obs_norm: Obs
             run.record_video(done, global_step, (step + 1) * N)
     carry["next_obs_raw"] = next_obs_raw
     rollout.windows, rollout.valid = rollout_windows(context_obs, context_episode, rollout.obs, rollout.episode)
-    return next_obs
+    return next_obs, next_critic_obs
 
 
 @torch.inference_mode()
-def compute_advantages(agent: TransformerAgent, rollout: RolloutBuffers, next_obs: torch.Tensor, carry: dict,
-                       reward_scaler: RewardScaler, args: Args) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_advantages(agent: TransformerAgent, rollout: RolloutBuffers, next_obs: torch.Tensor,
+                       next_critic_obs: torch.Tensor | None, carry: dict, reward_scaler: RewardScaler,
+                       args: Args) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over the rollout (rewards scaled first with --norm-reward), bootstrapped with V(next_obs) after its last
-    step and V(final_obs) where an episode was truncated. Returns (advantages, returns), (num_steps, num_envs)."""
+    step and V(final_obs) where an episode was truncated, the critic's own observations where it has them. Returns
+    (advantages, returns), (num_steps, num_envs)."""
     T, N = args.num_steps, args.num_envs
-    last_value = agent.get_value(*carry["context"].peek(next_obs))
-    final_values = agent.get_value(*final_windows(rollout.windows, rollout.valid, rollout.final_obs)).view(T, N)
+    last_value = agent.get_value(*carry["context"].peek(next_obs), next_critic_obs)
+    final_critic_obs = None if rollout.final_critic_obs is None else rollout.final_critic_obs.flatten(0, 1)
+    final_values = agent.get_value(*final_windows(rollout.windows, rollout.valid, rollout.final_obs),
+                                   final_critic_obs).view(T, N)
     dones = rollout.terminated | rollout.truncated
     rewards = reward_scaler(rollout.rewards, dones) if args.norm_reward else rollout.rewards
     return compute_gae(rewards, rollout.values, last_value, final_values, rollout.terminated, rollout.truncated,
@@ -825,7 +860,10 @@ def train(args: Args, on_iteration=None) -> dict:
     # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
     vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
                    render=args.capture_video and rank == 0)
-    agent, obs_norm = build_agent(args, vec, policy_device)
+    agent, obs_norm, critic_norm = build_agent(args, vec, policy_device)
+    if args.privileged_critic and critic_norm is None:
+        print(f"--privileged-critic: {args.env_id} has no critic observation (docs/tasks.md); the critic reads the "
+              "policy's")
     if dist.is_initialized():  # every process starts from process 0's network
         for tensor in agent.state_dict().values():
             dist.broadcast(tensor, src=0)
@@ -844,14 +882,20 @@ def train(args: Args, on_iteration=None) -> dict:
     stateful = {"model": agent, "optimizer": optimizer, "obs_normalizer": obs_norm}
     own_stateful = {"reward_scaler": reward_scaler}
     obs_dim = vec.single_observation_space.shape[0]
-    carry = {"next_obs_raw": vec.reset(seed=args.seed + rank * args.num_envs)[0],
-             "context": Context(args.num_envs, args.context_len, obs_dim, policy_device)}
+    next_obs_raw, reset_info = vec.reset(seed=args.seed + rank * args.num_envs)
+    carry = {"next_obs_raw": next_obs_raw, "context": Context(args.num_envs, args.context_len, obs_dim, policy_device)}
+    if critic_norm is not None:
+        stateful["critic_obs_normalizer"] = critic_norm
+        carry["next_critic_obs_raw"] = reset_info["critic_obs"]
     if checkpoint is None:
         obs_norm.update(carry["next_obs_raw"])
+        if critic_norm is not None:
+            critic_norm.update(carry["next_critic_obs_raw"])
     global_step, start_iteration = restore(checkpoint, rank, vec, stateful, own_stateful, carry)
 
     T, N = args.num_steps, args.num_envs
-    rollout = RolloutBuffers.allocate(args, vec, policy_device)
+    critic_obs_dim = 0 if critic_norm is None else vec.single_critic_observation_space.shape[0]
+    rollout = RolloutBuffers.allocate(args, vec, policy_device, critic_obs_dim)
     reports = RolloutReports(T, N, policy_device)
     run = Run(args, rank, policy_device, vec, stateful, own_stateful, carry, start_iteration,
               resumed_at=global_step if checkpoint is not None else None, on_iteration=on_iteration)
@@ -865,16 +909,19 @@ def train(args: Args, on_iteration=None) -> dict:
             run.start_video(iteration)
             rollout_start = time.perf_counter()
             reports.start()
-            next_obs = collect_rollout(agent, get_action_and_value, obs_norm, vec, rollout, carry, reports, run,
-                                       global_step, iteration, args)
-            advantages, returns = compute_advantages(agent, rollout, next_obs, carry, reward_scaler, args)
+            next_obs, next_critic_obs = collect_rollout(agent, get_action_and_value, obs_norm, critic_norm, vec,
+                                                        rollout, carry, reports, run, global_step, iteration, args)
+            advantages, returns = compute_advantages(agent, rollout, next_obs, next_critic_obs, carry, reward_scaler,
+                                                     args)
             global_step += T * N * args.world_size
             rollout_time = time.perf_counter() - rollout_start
 
             update_start = time.perf_counter()
             torch.set_num_threads(update_threads)
+            critic_obs = None if rollout.critic_obs is None else rollout.critic_obs.flatten(0, 1)
             batch = (rollout.windows.flatten(0, 1), rollout.valid.flatten(0, 1), rollout.actions.flatten(0, 1),
-                     rollout.logprobs.flatten(), advantages.flatten(), returns.flatten(), rollout.values.flatten())
+                     rollout.logprobs.flatten(), advantages.flatten(), returns.flatten(), rollout.values.flatten(),
+                     critic_obs)
             update_stats, epochs_done = update(agent, optimizer, loss_fn, batch, args)
             update_time = time.perf_counter() - update_start
             torch.set_num_threads(rollout_threads)
@@ -917,7 +964,7 @@ def evaluate(
     num_envs = min(episodes, max(16, args.num_envs))
     quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
     vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, stagger_episodes=False)
-    agent, obs_norm = build_agent(args, vec, policy_device)
+    agent, obs_norm, _ = build_agent(args, vec, policy_device)  # the policy alone acts: no critic normaliser
     agent.load_state_dict(checkpoint["model"])
     obs_norm.load_state_dict(checkpoint["obs_normalizer"])
     obs, _ = vec.reset()

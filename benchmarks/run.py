@@ -70,6 +70,10 @@ PRESETS = {
     # friction) at one budget; seed by seed, so that a stopped session leaves whole seeds (runs resume).
     "push_memory": [(script, "FrankaPushCubeRandom-v0", (seed,), 2_000_000, []) for seed in (1, 2, 3)
                     for script in ("ppo_continuous.py", "ppo_recurrent.py", "ppo_transformer.py")],
+    # Issue 43: the recurrent script with a privileged critic (every velocity and the foot contacts; the cue's target)
+    # on the two memory tasks where the earlier runs without it are the baselines (go2_novelall, arm_memory: seed 1).
+    "privileged": [("ppo_recurrent.py", "Go2WalkNoVelAll-v0", (1,), 10_000_000, ["--privileged-critic"], "privileged"),
+                   ("ppo_recurrent.py", "FrankaReachCue-v0", (1,), 3_000_000, ["--privileged-critic"], "privileged")],
     # The transformer's stability flags, one changed at a time from the defaults.
     "ablation": [("ppo_transformer.py", "MemoryCue-v0", (1, 2, 3), 16_384, LONG_CUE + flags, f"ablation_{name}".rstrip("_"))
                  for name, flags in ABLATION.items()],
@@ -78,9 +82,9 @@ PRESETS = {
 
 @dataclass
 class Args:
-    preset: Literal["quick", "full", "memory", "ablation", "bipedal", "go2", "go2_memory", "go2_novelall", "arm_memory",
+    preset: Literal["quick", "full", "memory", "ablation", "bipedal", "go2", "go2_memory", "go2_novelall", "arm_memory", "privileged",
                     "push_memory"] = "quick"
-    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags), bipedal (BipedalWalker-v3 preset), go2 / go2_memory / go2_novelall (the quadruped; its NoVel variant, three scripts; every velocity hidden, three scripts), arm_memory (FrankaReachCue-v0, three scripts), push_memory (FrankaPushCubeRandom-v0, three scripts)"""
+    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags), bipedal (BipedalWalker-v3 preset), go2 / go2_memory / go2_novelall (the quadruped; its NoVel variant, three scripts; every velocity hidden, three scripts), arm_memory (FrankaReachCue-v0, three scripts), push_memory (FrankaPushCubeRandom-v0, three scripts), privileged (ppo_recurrent.py with --privileged-critic on Go2WalkNoVelAll-v0 and FrankaReachCue-v0)"""
     jobs: int = os.cpu_count() or 1
     """runs at once (no more than there are cores)"""
     exp_name: str | None = None

@@ -78,7 +78,7 @@ def synthetic_update(module, args, obs_space, action_space, episode_length: int)
         with torch.no_grad():
             _, logprobs, _, values = agent.get_action_and_value(windows, valid, flat_actions)
         optimizer = module.make_optimizer(agent, args)
-        batch = (windows, valid, flat_actions, logprobs, advantages.flatten(), returns.flatten(), values)
+        batch = (windows, valid, flat_actions, logprobs, advantages.flatten(), returns.flatten(), values, None)
         return lambda: module.update(agent, optimizer, module.ppo_loss, batch, args)
     agent = module.Agent(args, obs_space, action_space)
     flat_obs, flat_actions = obs.flatten(0, 1), actions.flatten(0, 1)

@@ -328,10 +328,10 @@ class TransformerScript(Script):
 
     def loss(self, agent, obs, actions, old_logprobs, advantages, returns, old_values, args):
         return self.module.ppo_loss(agent, *self._window(agent, obs), actions, old_logprobs, advantages, returns,
-                                    old_values, args)
+                                    old_values, None, args)
 
     def loss_rows(self, loss_inputs):
-        windows, _, actions, logprobs, _, returns, _ = loss_inputs
+        windows, _, actions, logprobs, _, returns, *_ = loss_inputs  # then old values, critic observations
         return dict(obs=windows[:, -1], actions=actions, logprobs=logprobs, returns=returns)
 
     def acted_obs(self, act_inputs):

@@ -341,7 +341,7 @@ def test_torchrun_cli_sigterm_to_one_process_stops_both_after_the_same_iteration
     assert not checkpoint["other_processes"][0]["next_obs_raw"].equal(checkpoint["next_obs_raw"])  # its own envs
 
 
-@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_recurrent"])  # those with --privileged-critic (issue 43: all)
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_two_processes_with_a_privileged_critic_keep_one_network_and_one_critic_normaliser(name, tmp_path):
     """Bug: the critic observation's normaliser left out of the processes' merge (each normalises the critic's
     input by its own envs' statistics, and the processes' critics drift apart)."""

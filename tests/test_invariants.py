@@ -168,7 +168,7 @@ def bootstrap_inputs(script, act_inputs, act_outputs, n, final_obs):
     if script.name == "ppo_recurrent":
         return final_obs[None], act_outputs[3][n : n + 1], torch.zeros(1, dtype=torch.bool)
     if script.name == "ppo_transformer":
-        windows, valid = act_inputs
+        windows, valid = act_inputs[:2]  # then no action and no critic observation: a rollout step
         window = torch.cat([windows[n, 1:], final_obs[None]])
         return window[None], torch.cat([valid[n, 1:], torch.ones(1, dtype=torch.bool)])[None]
     return (final_obs[None],)

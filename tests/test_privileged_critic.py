@@ -12,8 +12,7 @@ import torch
 
 from conftest import episode_schedule, metrics_without_timing, script_named, use_scripted_env
 
-# The scripts with the flag so far (issue 43 adds it to ppo_transformer.py next).
-PRIVILEGED = ("ppo_continuous", "ppo_recurrent")
+PRIVILEGED = ("ppo_continuous", "ppo_recurrent", "ppo_transformer")
 
 
 def value_of(agent, critic_obs):
@@ -43,16 +42,19 @@ def test_the_critic_acts_and_bootstraps_on_its_own_observations(name, in_tmp, mo
             calls.append((tuple(x.clone() if torch.is_tensor(x) else x for x in inputs), copy.deepcopy(built[0][0])))
         return compute_gae(*inputs)
 
-    def capture_loss(agent, obs, *inputs):
-        losses.append((obs.detach().clone(), inputs[-2].detach().clone()))  # ..., critic_obs, args
-        return ppo_loss(agent, obs, *inputs)
+    def capture_loss(agent, *inputs):
+        losses.append(tuple(x.detach().clone() if torch.is_tensor(x) else x for x in inputs[:-1]))  # less args
+        return ppo_loss(agent, *inputs)
 
     monkeypatch.setattr(module, "build_agent", capture_agent)
     monkeypatch.setattr(module, "compute_gae", capture_gae)
     monkeypatch.setattr(module, "ppo_loss", capture_loss)
     module.train(args)
-    for obs, critic_obs in losses:  # each row's critic observation is that of the step its policy observation is
-        torch.testing.assert_close(critic_obs, env[0].critic_of(obs))
+    for inputs in losses:  # each row's critic observation is that of the step its policy observation is
+        critic_obs = inputs[-1]
+        if critic_obs.dim() == 3:  # (K, B) sequences, in the rows' order
+            critic_obs = critic_obs.transpose(0, 1).flatten(0, 1)
+        torch.testing.assert_close(critic_obs, env[0].critic_of(script.loss_rows(inputs)["obs"]))
     assert built[0][2] is not None  # the critic's own normaliser
     env = env[0]
     truncations = 0
