@@ -240,9 +240,7 @@ class GymnasiumVecEnv:
             "episode": {"r": self._tensor(ended_returns), "l": self._tensor(ended_lengths), "mask": self._tensor(done)},
             "sim_errors": self._tensor(sim_errors),
         }
-        if critic_obs is not None:
-            if final_critic_obs is critic_obs:
-                final_critic_obs = critic_obs.copy()
+        if critic_obs is not None:  # astype copies: the tensors handed out alias neither each other nor the kept one
             self._last_critic_obs = critic_obs
             info["critic_obs"] = self._tensor(critic_obs.astype(np.float32))
             info["final_critic_obs"] = self._tensor(final_critic_obs.astype(np.float32))

@@ -66,15 +66,18 @@ class HideEntries(gym.ObservationWrapper):
         self.keep = np.asarray(keep, dtype=np.int64)
         space = env.observation_space
         self.observation_space = gym.spaces.Box(space.low[self.keep], space.high[self.keep], dtype=space.dtype)
-        self.critic_observation_space = gym.spaces.Box(space.low, space.high, dtype=np.float32)
+        self.critic_observation_space = space
 
+    # The base task's info dict is a fresh one at every call: adding to it copies nothing (a hot path at one env).
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
-        return self.observation(obs), {**info, "critic_obs": np.asarray(obs, dtype=np.float32)}
+        info["critic_obs"] = obs
+        return self.observation(obs), info
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        return self.observation(obs), reward, terminated, truncated, {**info, "critic_obs": np.asarray(obs, np.float32)}
+        info["critic_obs"] = obs
+        return self.observation(obs), reward, terminated, truncated, info
 
     def observation(self, observation):
         return observation[self.keep]
