@@ -961,7 +961,8 @@ def evaluate(
     flat_returns = [r for env_returns in returns for r in env_returns]
     result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
               "std_return": float(np.std(flat_returns)), "mean_length": float(np.mean(lengths)),
-              **{name: float(np.mean(values)) for name, values in task_metrics.items()}}
+              **{name: float(np.nanmean(values)) for name, values in task_metrics.items()
+                 if not np.isnan(values).all()}}  # NaN: a metric that does not apply to that episode
     if any(successes):
         result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
     if capture_video:
@@ -1331,7 +1332,7 @@ class RolloutReports:
         self.has_success = False  # tasks with a success criterion report it in info["success"] (logged as a rate)
 
     def start(self) -> None:
-        self.reward_term_sums, self.metric_sums = {}, {}
+        self.reward_term_sums, self.metric_sums, self.metric_counts = {}, {}, {}
         self.sim_errors = torch.zeros((), device=self.device)
 
     def record(self, step: int, info: dict) -> None:
@@ -1340,7 +1341,9 @@ class RolloutReports:
         if "success" in info:
             self.has_success, self.success[step] = True, info["success"]
         for name, value in info.get("episode_metrics", {}).items():
-            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + torch.where(episode["mask"], value, 0.0).sum()
+            counted = episode["mask"] & ~value.isnan()  # NaN: a metric that does not apply to that episode
+            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + torch.where(counted, value, 0.0).sum()
+            self.metric_counts[name] = self.metric_counts.get(name, 0) + counted.sum()
         for name, term in info.get("reward_terms", {}).items():
             self.reward_term_sums[name] = self.reward_term_sums.get(name, 0.0) + term.mean()
         self.sim_errors += info["sim_errors"].sum()
@@ -1352,6 +1355,7 @@ class RolloutReports:
             "episodes/r": self.returns[self.ended], "episodes/l": self.lengths[self.ended],
             **({"episodes/success": self.success[self.ended]} if self.has_success else {}),
             **{f"episode_metrics/{k}": v for k, v in self.metric_sums.items()},
+            **{f"episode_metric_counts/{k}": v for k, v in self.metric_counts.items()},
             **{f"reward_terms/{k}": v / self.num_steps for k, v in self.reward_term_sums.items()},
             "env/sim_errors": self.sim_errors, "stop": stop_signum,
         })
@@ -1359,8 +1363,9 @@ class RolloutReports:
         ended_returns, ended_lengths = merged.pop("episodes/r"), merged.pop("episodes/l")
         if self.has_success:
             merged["charts/success_rate"] = merged.pop("episodes/success").float().mean()
-        for key in [k for k in merged if k.startswith("episode_metrics/")]:
-            merged[key] = merged[key] / len(ended_returns)
+        for name in self.metric_sums:  # each metric's mean over the episodes it applies to (NaN if none)
+            merged[f"episode_metrics/{name}"] = merged[f"episode_metrics/{name}"] / merged.pop(
+                f"episode_metric_counts/{name}")
         return merged, ended_returns, ended_lengths, stop_signum
 
 
@@ -1463,6 +1468,8 @@ class Run:
         metrics.update(host_metrics)
         if not finished[0]:  # no episode ended: no success rate or task metric (the mean of nothing is NaN)
             metrics = {k: v for k, v in metrics.items() if not k.startswith(("charts/success", "episode_metrics/"))}
+        # A task metric that applied to none of the ended episodes (a terrain type nobody finished on): left out.
+        metrics = {k: v for k, v in metrics.items() if not (k.startswith("episode_metrics/") and math.isnan(v))}
         write_logs(self.writer, self.wandb_run, metrics, finished, global_step)
         self.recent_returns = (self.recent_returns + finished[0])[-100:]
         self.history.append({"iteration": iteration, "global_step": global_step, **metrics})

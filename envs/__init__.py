@@ -10,7 +10,8 @@ Any Gymnasium id works (MuJoCo, classic control, Box2D), plus the partially obse
 arm tasks `FrankaReach-v0`, `FrankaReachNoVel-v0` (velocities hidden) and `FrankaReachCue-v0` (target seen
 only at first) (`envs.franka`), `FrankaPushCube-v0`, `FrankaPushCubeRandom-v0` (unobserved mass and friction)
 and `FrankaPickCube-v0` (`envs.franka_cube`), the quadruped `Go2Walk-v0`, `Go2WalkNoVel-v0` (base velocities
-hidden) and `Go2WalkNoVelAll-v0` (joint velocities too) (`envs.go2`), and the memory task `MemoryCue-v0`
+hidden) and `Go2WalkNoVelAll-v0` (joint velocities too) (`envs.go2`), the same on rough terrain with a terrain
+curriculum, `Go2Rough-v0` (a height scan) and `Go2RoughBlind-v0` (none) (`envs.go2_rough`), and the memory task `MemoryCue-v0`
 (`envs.memory`). Importing this package registers them with Gymnasium.
 
 Nothing here knows about PPO: observation/reward normalisation and action clipping belong to the scripts.
@@ -51,6 +52,9 @@ for _id, _kwargs in (("Go2Walk-v0", {}), ("Go2WalkNoVel-v0", {"observe_base_velo
                      ("Go2WalkNoVelAll-v0", {"observe_base_velocity": False, "observe_joint_velocity": False})):
     if _id not in gym.registry:
         gym.register(_id, vector_entry_point="envs.go2:Go2WalkVecEnv", max_episode_steps=1000, kwargs=_kwargs)
+for _id, _kwargs in (("Go2Rough-v0", {}), ("Go2RoughBlind-v0", {"height_scan": False})):
+    if _id not in gym.registry:
+        gym.register(_id, vector_entry_point="envs.go2_rough:Go2RoughVecEnv", max_episode_steps=1000, kwargs=_kwargs)
 
 
 def make(

@@ -85,6 +85,11 @@ class Go2WalkVecEnv(GenesisVecEnv):
         similar_to_default_weight: float = 0.1,
         observe_base_velocity: bool = True,
         observe_joint_velocity: bool = True,
+        friction_range: tuple[float, float] = (1.0, 1.0),
+        added_mass_range: tuple[float, float] = (0.0, 0.0),
+        push_interval_s: float = 0.0,
+        max_push_velocity: float = 1.0,
+        observation_noise: float = 0.0,
         stagger_episodes: bool = True,
         max_abs_value: float | None = MAX_ABS_VALUE,
         render_mode: str | None = None,
@@ -95,15 +100,22 @@ class Go2WalkVecEnv(GenesisVecEnv):
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
         for name, (low, high) in (("lin_vel_x_range", lin_vel_x_range), ("lin_vel_y_range", lin_vel_y_range),
-                                  ("ang_vel_range", ang_vel_range)):
+                                  ("ang_vel_range", ang_vel_range), ("friction_range", friction_range),
+                                  ("added_mass_range", added_mass_range)):
             if not low <= high:
                 raise ValueError(f"{name} must be (low, high) with low <= high, got {(low, high)!r}")
+        if not friction_range[0] > 0:
+            raise ValueError(f"friction_range must be positive, got {friction_range!r}")
+        for name, value in (("push_interval_s", push_interval_s), ("max_push_velocity", max_push_velocity),
+                            ("observation_noise", observation_noise)):
+            if not value >= 0:
+                raise ValueError(f"{name} must be 0 (off) or positive, got {value!r}")
         # Go2WalkNoVel-v0 drops the base's linear and angular velocity (the first 6 entries), Go2WalkNoVelAll-v0
         # the joint velocities as well.
         hidden = ({"base_lin_vel", "base_ang_vel"} if not observe_base_velocity else set()) | (
             {"dof_vel"} if not observe_joint_velocity else set())
         self.observed = tuple(name for name, _ in OBS_LAYOUT if name not in hidden)
-        obs_dim = sum(dict(OBS_LAYOUT)[name] for name in self.observed)
+        obs_dim = sum(dict(OBS_LAYOUT)[name] for name in self.observed) + self.scan_size
         super().__init__(num_envs, seed, device, sim_device, max_episode_steps, 1, obs_dim, clip_actions,
                          NUM_JOINTS, stagger_episodes, max_abs_value, render_mode)
         self.dt = dt
@@ -118,6 +130,12 @@ class Go2WalkVecEnv(GenesisVecEnv):
             ("tracking_lin_vel", tracking_lin_vel_weight), ("tracking_ang_vel", tracking_ang_vel_weight),
             ("lin_vel_z", lin_vel_z_weight), ("base_height", base_height_weight),
             ("action_rate", action_rate_weight), ("similar_to_default", similar_to_default_weight))}
+        # Domain randomisation (legged_gym's): friction and added base mass drawn per episode, pushes that set
+        # every base's horizontal velocity at once every `push_interval_s`, uniform observation noise.
+        self.randomise_dynamics = friction_range != (1.0, 1.0) or added_mass_range != (0.0, 0.0)
+        self.push_steps = round(push_interval_s / dt) if push_interval_s > 0 else 0
+        self.max_push_velocity = max_push_velocity
+        self.observation_noise = observation_noise
 
         import genesis as gs
         from genesis.utils.geom import inv_quat, transform_by_quat
@@ -126,11 +144,13 @@ class Go2WalkVecEnv(GenesisVecEnv):
         scene = gs.Scene(
             sim_options=gs.options.SimOptions(dt=dt, substeps=substeps),
             # The example's settings: no self-collision, and few contact pairs (the feet and the ground).
-            rigid_options=gs.options.RigidOptions(enable_self_collision=False, tolerance=1e-5, max_collision_pairs=20),
+            # Per-env masses need Genesis's per-env link data (a little slower, so only when the mass is drawn).
+            rigid_options=gs.options.RigidOptions(enable_self_collision=False, tolerance=1e-5, max_collision_pairs=20,
+                                                  batch_links_info=added_mass_range != (0.0, 0.0)),
             vis_options=gs.options.VisOptions(rendered_envs_idx=[0]),
             show_viewer=False,
         )
-        scene.add_entity(gs.morphs.URDF(file="urdf/plane/plane.urdf", fixed=True))
+        self.ground = self._add_ground(scene)
         self.robot = scene.add_entity(gs.morphs.URDF(file="urdf/go2/urdf/go2.urdf", pos=BASE_INIT_POS))
         self._build(scene, dict(res=(480, 360), pos=(1.6, -1.6, 1.0), lookat=(0.0, 0.0, 0.3), fov=40))
         if self.camera is not None:
@@ -139,9 +159,12 @@ class Go2WalkVecEnv(GenesisVecEnv):
         sim = gs.device
         self.motor_dofs = torch.tensor([self.robot.get_joint(name).dof_start for name in JOINT_NAMES], device=sim)
         self.feet = torch.tensor([self.robot.get_link(name).idx_local for name in FEET], device=sim)
-        # The critic's observation: every block, velocities included whatever the policy's hides, and which feet
-        # touch the ground (legged_gym's and rsl_rl's privileged state; friction and mass are not drawn here).
-        self._offer_critic_observation(sum(width for _, width in OBS_LAYOUT) + len(FEET))
+        self.base_link = self.robot.get_link("base").idx_local
+        # The critic's observation: every block, velocities included whatever the policy's hides, which feet
+        # touch the ground (legged_gym's and rsl_rl's privileged state), the friction and added mass drawn (where
+        # they are), and the height scan (where the task has one, whether or not the policy sees it).
+        self._offer_critic_observation(sum(width for _, width in OBS_LAYOUT) + len(FEET)
+                                       + 2 * self.randomise_dynamics + self.critic_scan_size)
         self.robot.set_dofs_kp([kp] * NUM_JOINTS, self.motor_dofs)
         self.robot.set_dofs_kv([kd] * NUM_JOINTS, self.motor_dofs)
         self.default_dof_pos = torch.tensor([default_angle(name) for name in JOINT_NAMES], device=sim)
@@ -157,14 +180,71 @@ class Go2WalkVecEnv(GenesisVecEnv):
         self.last_action = torch.zeros(num_envs, NUM_JOINTS, device=sim)
         self.lin_vel_error_sum = torch.zeros(num_envs, device=sim)
         self.ang_vel_error_sum = torch.zeros(num_envs, device=sim)
+        if self.randomise_dynamics:
+            self.dynamics_low = torch.tensor((friction_range[0], added_mass_range[0]), device=sim)
+            self.dynamics_high = torch.tensor((friction_range[1], added_mass_range[1]), device=sim)
+            self.dynamics = torch.zeros(num_envs, 2, device=sim)  # friction ratio, added base mass (kg)
+            self.base_mass = self.robot.get_links_mass([self.base_link])[0].item() if added_mass_range != (
+                0.0, 0.0) else None
+            self.STATE = (*self.STATE, "dynamics")
+        if self.push_steps:
+            self.steps_taken = torch.zeros((), dtype=torch.int64)  # on the host: pushes need no device sync
+            self.STATE = (*self.STATE, "steps_taken")
+        if observation_noise:
+            self.noise_scale = observation_noise * self._noise_scales().to(sim)
 
+    # ------------------------------------------------------------------ what the rough-terrain task changes
+    scan_size = 0  # height-scan entries at the end of the policy's observation
+    critic_scan_size = 0  # and of the critic's
+
+    def _add_ground(self, scene):
+        import genesis as gs
+
+        return scene.add_entity(gs.morphs.URDF(file="urdf/plane/plane.urdf", fixed=True))
+
+    def _initial_qpos(self, envs_idx: torch.Tensor) -> torch.Tensor:
+        """The pose new episodes start from: the default stance at the start position."""
+        return self.init_qpos.expand(len(envs_idx), -1)
+
+    def _ground_height(self, xy: torch.Tensor) -> torch.Tensor | float:
+        """The ground's height under these (x, y) points: flat ground here."""
+        return 0.0
+
+    def _noise_scales(self) -> torch.Tensor:
+        """legged_gym's noise per observation entry at observation_noise=1 (times each block's scale)."""
+        per_block = {"base_lin_vel": 0.1 * OBS_SCALES["lin_vel"], "base_ang_vel": 0.2 * OBS_SCALES["ang_vel"],
+                     "projected_gravity": 0.05, "commands": 0.0, "dof_pos": 0.01 * OBS_SCALES["dof_pos"],
+                     "dof_vel": 1.5 * OBS_SCALES["dof_vel"], "last_action": 0.0}
+        widths = dict(OBS_LAYOUT)
+        return torch.tensor([per_block[name] for name in self.observed for _ in range(widths[name])])
+
+    # ------------------------------------------------------------------ the task's hooks
     def _reset_envs(self, envs_idx: torch.Tensor) -> None:
         """New episode: standing in the default pose at the start position, at rest, with a fresh command."""
-        self.robot.set_qpos(self.init_qpos.expand(len(envs_idx), -1), envs_idx=envs_idx, zero_velocity=True)
+        self.robot.set_qpos(self._initial_qpos(envs_idx), envs_idx=envs_idx, zero_velocity=True)
         self.commands[envs_idx] = self._uniform(len(envs_idx), self.command_low, self.command_high)
         self.last_action[envs_idx] = 0.0
         self.lin_vel_error_sum[envs_idx] = 0.0
         self.ang_vel_error_sum[envs_idx] = 0.0
+        if self.randomise_dynamics:
+            self.dynamics[envs_idx] = self._uniform(len(envs_idx), self.dynamics_low, self.dynamics_high)
+            self._send_dynamics(envs_idx)
+
+    def _send_dynamics(self, envs_idx: torch.Tensor) -> None:
+        """These envs' friction and added base mass, as drawn. Genesis takes the larger of two bodies' frictions
+        for their contact, so the robot's and the ground's are both scaled by the ratio drawn."""
+        friction, added_mass = self.dynamics[envs_idx].unbind(-1)
+        links = self.robot.n_links
+        self.robot.set_friction_ratio(friction[:, None].expand(-1, links), links_idx_local=list(range(links)),
+                                      envs_idx=envs_idx)
+        self.ground.set_friction_ratio(friction[:, None], links_idx_local=[0], envs_idx=envs_idx)
+        if self.base_mass is not None:
+            self.robot.set_links_mass((self.base_mass + added_mass)[:, None], links_idx_local=[self.base_link],
+                                      envs_idx=envs_idx)
+
+    def _send_commands(self) -> None:
+        if self.randomise_dynamics:  # a restored run's draws
+            self._send_dynamics(torch.arange(self.num_envs, device=self.dynamics.device))
 
     def _apply_action(self, action: torch.Tensor) -> None:
         """Joint-position targets `action_scale` rad per unit around the default pose, one step late by default."""
@@ -172,9 +252,16 @@ class Go2WalkVecEnv(GenesisVecEnv):
         self.action_rate = (action - self.last_action).square().sum(-1)
         self.last_action = action  # observed as the last action
         self.robot.control_dofs_position(self.default_dof_pos + self.action_scale * executed, self.motor_dofs)
+        if self.push_steps:
+            self.steps_taken += 1
+            if int(self.steps_taken) % self.push_steps == 0:  # legged_gym pushes every robot on the same step
+                base_vel = self.robot.get_dofs_velocity([0, 1])  # the free joint's world-frame x and y velocity
+                push = (torch.rand(base_vel.shape, generator=self.generator, device=base_vel.device) * 2 - 1)
+                self.robot.set_dofs_velocity(push * self.max_push_velocity, dofs_idx_local=[0, 1])
 
     def _read_state(self) -> None:
         self.base_pos = self.robot.get_pos()
+        self.base_height = self.base_pos[:, 2] - self._ground_height(self.base_pos[:, :2])
         to_body = self._inv_quat(self.robot.get_quat())
         self.base_lin_vel = self._transform_by_quat(self.robot.get_vel(), to_body)
         self.base_ang_vel = self._transform_by_quat(self.robot.get_ang(), to_body)
@@ -184,12 +271,23 @@ class Go2WalkVecEnv(GenesisVecEnv):
 
     def _observe(self) -> torch.Tensor:
         blocks = self._observation_blocks()
-        return torch.cat([blocks[name] for name in self.observed], dim=-1)
+        obs = torch.cat([blocks[name] for name in self.observed] + self._scan_blocks(), dim=-1)
+        if self.observation_noise:  # the policy's observation only: the critic's stays clean
+            obs = obs + self.noise_scale * (2 * torch.rand(obs.shape, generator=self.generator, device=obs.device) - 1)
+        return obs
+
+    def _scan_blocks(self) -> list[torch.Tensor]:
+        return []
 
     def _observe_critic(self) -> torch.Tensor:
         blocks = self._observation_blocks()
         contact_force = self.robot.get_links_net_contact_force()[:, self.feet].norm(dim=-1)
-        return torch.cat([*(blocks[name] for name, _ in OBS_LAYOUT), (contact_force > CONTACT_FORCE_N).float()], dim=-1)
+        extras = [self.dynamics] if self.randomise_dynamics else []
+        return torch.cat([*(blocks[name] for name, _ in OBS_LAYOUT), (contact_force > CONTACT_FORCE_N).float(),
+                          *extras, *self._critic_scan_blocks()], dim=-1)
+
+    def _critic_scan_blocks(self) -> list[torch.Tensor]:
+        return []
 
     def _observation_blocks(self) -> dict[str, torch.Tensor]:
         return {
@@ -210,7 +308,7 @@ class Go2WalkVecEnv(GenesisVecEnv):
             "tracking_lin_vel": w["tracking_lin_vel"] * torch.exp(-lin_vel_error_sq / self.tracking_sigma),
             "tracking_ang_vel": w["tracking_ang_vel"] * torch.exp(-ang_vel_error.square() / self.tracking_sigma),
             "lin_vel_z": -w["lin_vel_z"] * self.base_lin_vel[:, 2].square(),
-            "base_height": -w["base_height"] * (self.base_pos[:, 2] - self.base_height_target).square(),
+            "base_height": -w["base_height"] * (self.base_height - self.base_height_target).square(),
             "action_rate": -w["action_rate"] * self.action_rate,
             "similar_to_default": -w["similar_to_default"] * (self.dof_pos - self.default_dof_pos).abs().sum(-1),
         }

@@ -368,12 +368,13 @@ class ScriptedEnv:
     1: terminated, 2: truncated). The reward depends on the observation acted on and the action received.
     Records every action received and every (final) observation, reward and flag given. With `critic`, a critic
     observation of the same size that no policy observation equals: (3 - 0.01 x[0], x[1] + 5) of each (final)
-    observation x.
+    observation x. With `metrics`, info["episode_metrics"] holds `env_index` (the env's number), `on_even_envs`
+    (the same, NaN on odd envs: a metric that does not apply to their episodes) and `on_no_env` (NaN everywhere).
     """
 
     def __init__(self, num_envs: int, ends: torch.Tensor, device="cpu", action_bound: float = 0.5,
-                 critic: bool = False):
-        self.num_envs, self.device, self.ends = num_envs, device, ends
+                 critic: bool = False, metrics: bool = False):
+        self.num_envs, self.device, self.ends, self.metrics = num_envs, device, ends, metrics
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
         self.single_critic_observation_space = self.single_observation_space if critic else None
         self.single_action_space = gym.spaces.Box(-action_bound, action_bound, (1,), np.float32)
@@ -419,6 +420,12 @@ class ScriptedEnv:
                 "sim_errors": torch.zeros(self.num_envs, dtype=torch.bool)}
         if self.single_critic_observation_space is not None:
             info["critic_obs"], info["final_critic_obs"] = self.critic_of(self.obs), self.critic_of(final_obs)
+        if self.metrics:
+            env, nan = torch.arange(self.num_envs, dtype=torch.float32), torch.tensor(float("nan"))
+            ended = terminated | truncated
+            info["episode_metrics"] = {"env_index": torch.where(ended, env, 0.0),
+                                       "on_even_envs": torch.where(ended & (env % 2 == 0), env, nan),
+                                       "on_no_env": torch.full((self.num_envs,), float("nan"))}
         return self.obs.clone(), reward, terminated, truncated, info
 
     def state_dict(self):
@@ -440,12 +447,12 @@ def episode_schedule(steps: int, num_envs: int, rollout: int, seed: int = 0) -> 
 
 
 def use_scripted_env(monkeypatch, module, ends: torch.Tensor, action_bound: float = 0.5,
-                     critic: bool = False) -> list[ScriptedEnv]:
+                     critic: bool = False, metrics: bool = False) -> list[ScriptedEnv]:
     """Makes `module`'s envs.make return ScriptedEnvs; returns the list they are appended to."""
     made: list[ScriptedEnv] = []
 
     def make(env_id, num_envs, seed, device, **kwargs):
-        made.append(ScriptedEnv(num_envs, ends, device, action_bound, critic))
+        made.append(ScriptedEnv(num_envs, ends[:, :num_envs], device, action_bound, critic, metrics))
         return made[-1]
 
     monkeypatch.setattr(module.envs, "make", make)

@@ -764,6 +764,27 @@ def test_genesis_arm_trains_logs_success_and_reward_terms_and_evaluates(script, 
     assert result["episodes"] == 4 and 0.0 <= result["success_rate"] <= 1.0
 
 
+def test_a_task_metric_is_averaged_over_the_episodes_it_applies_to(script, monkeypatch, in_tmp):
+    """Bugs: a NaN task metric (one that does not apply to an episode, as another terrain type's level) poisoning
+    the logged mean or counted as 0, and a metric no ended episode had logged as NaN."""
+    ends = episode_schedule(4096, 9, 16)  # training steps 3 envs, evaluation 9
+    use_scripted_env(monkeypatch, script.module, ends, metrics=True)
+    args = script.args(**LOOP_OVERRIDES[script.name])
+    summary = script.module.train(args)
+    history = summary["history"]
+    assert len(history) == 3
+    for iteration, h in enumerate(history):
+        episodes = (ends[iteration * 16:(iteration + 1) * 16, :3] > 0).sum(0).double()  # ended per env
+        env = torch.arange(3, dtype=torch.float64)
+        assert h["episode_metrics/env_index"] == pytest.approx(float((env * episodes).sum() / episodes.sum()))
+        even = episodes * (env % 2 == 0)
+        assert h["episode_metrics/on_even_envs"] == pytest.approx(float((env * even).sum() / even.sum()))
+        assert "episode_metrics/on_no_env" not in h
+    result = script.module.evaluate(summary["checkpoint"], episodes=9, device="cpu")
+    assert result["env_index"] == pytest.approx(4.0)  # one episode of each of envs 0-8
+    assert result["on_even_envs"] == pytest.approx(4.0) and "on_no_env" not in result  # of envs 0, 2, 4, 6, 8
+
+
 def test_quadruped_trains_and_logs_and_evaluates_the_task_metrics(script, in_tmp):
     """Bugs: a task's own episode metrics (tracking errors, falls) lost between info and the logs, averaged over
     steps instead of over the episodes that ended, or missing from --eval-checkpoint's report."""
