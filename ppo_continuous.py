@@ -204,6 +204,10 @@ PRESETS["PendulumNoVel-v1"] = {**PRESETS["Pendulum-v1"], "total_timesteps": 300_
 PRESETS["Go2Walk-v0"] = PRESETS["Go2WalkNoVel-v0"] = PRESETS["Go2WalkNoVelAll-v0"] = dict(
     update_epochs=5, ent_coef=0.01, total_timesteps=10_000_000, hidden_sizes=(128, 128), norm_adv_per_minibatch=True,
     norm_reward=True)
+# Rough terrain (legged_gym's recipe): the walking settings for twice the steps, a wider first layer for the 187-point
+# height scan, which this script concatenates with the rest (legged_gym's 512-256-128 on a GPU: docs/tasks.md).
+PRESETS["Go2Rough-v0"] = PRESETS["Go2RoughBlind-v0"] = dict(
+    PRESETS["Go2Walk-v0"], total_timesteps=20_000_000, hidden_sizes=(256, 128))
 
 
 def task_args(env_id: str, **flags) -> Args:

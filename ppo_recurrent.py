@@ -143,6 +143,8 @@ class Args:
     """before each epoch after the first, recompute the sequences' starting states with the current weights"""
     hidden_sizes: tuple[int, ...] = (128, 64)
     """hidden layer widths of the actor and critic MLP heads on top of the trunk"""
+    scan_encoder_sizes: tuple[int, ...] = (128, 64)
+    """a task with a height scan (Go2Rough-v0): layer widths of the MLP that encodes it in front of the trunk"""
     privileged_critic: bool = False
     """train the critic, an MLP, on the task's critic observation (privileged state: docs/tasks.md) if it has one"""
     activation: Literal["tanh", "elu", "relu"] = "elu"
@@ -209,6 +211,8 @@ PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = PRESETS["Fra
 # Genesis's locomotion example (rsl_rl's settings, as the arm's) with its entropy bonus and ~10M-step budget.
 PRESETS["Go2Walk-v0"] = PRESETS["Go2WalkNoVel-v0"] = PRESETS["Go2WalkNoVelAll-v0"] = dict(
     ent_coef=0.01, total_timesteps=10_000_000)
+# Rough terrain: the walking settings for twice the steps; the height scan through --scan-encoder-sizes' MLP.
+PRESETS["Go2Rough-v0"] = PRESETS["Go2RoughBlind-v0"] = dict(PRESETS["Go2Walk-v0"], total_timesteps=20_000_000)
 
 
 def task_args(env_id: str, **flags) -> Args:
@@ -259,12 +263,20 @@ class RecurrentAgent(nn.Module):
     Actions are scored and transformed as in ppo_continuous.py (stored unclipped; clip or tanh for the env).
     """
 
-    def __init__(self, args: Args, obs_space, action_space, critic_obs_space=None):
+    def __init__(self, args: Args, obs_space, action_space, critic_obs_space=None, scan_size: int = 0):
         super().__init__()
         if args.action_transform == "tanh" and not (np.isfinite(action_space.low).all()
                                                     and np.isfinite(action_space.high).all()):
             raise UsageError(f"--action-transform tanh needs finite action bounds; {args.env_id} has {action_space}")
         obs_dim, act_dim = obs_space.shape[0], action_space.shape[0]
+        # A height scan (the observation's last `scan_size` entries) is encoded by an MLP of its own and joins the
+        # rest of the observation in front of the trunk: 187 heights would otherwise swamp a 48-number state.
+        self.scan_size = scan_size if args.scan_encoder_sizes else 0
+        if self.scan_size:
+            sizes, activation = args.scan_encoder_sizes, args.activation
+            self.scan_encoder = nn.Sequential(mlp(scan_size, sizes[:-1], sizes[-1], activation, out_std=math.sqrt(2)),
+                                              ACTIVATIONS[activation]())
+            obs_dim = obs_dim - scan_size + sizes[-1]  # what the trunk and the heads' skip connection read
         rnn_hidden_size, rnn_layers = args.rnn_hidden_size, args.rnn_layers
         rnn_class = nn.GRU if args.rnn_type == "gru" else nn.LSTM
         # Given a critic observation of its own (--privileged-critic), the critic is an MLP on it, as rsl_rl allows
@@ -305,6 +317,12 @@ class RecurrentAgent(nn.Module):
         """Whether a parameter serves the value alone (its head, and its own trunk if it has one)."""
         return name.startswith("critic") or (len(self.trunks) == 2 and name.startswith("trunks.1."))
 
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """The trunk's input: the observation, its height scan (if any) replaced by the scan encoder's output."""
+        if not self.scan_size:
+            return obs
+        return torch.cat([obs[..., :-self.scan_size], self.scan_encoder(obs[..., -self.scan_size:])], -1)
+
     def initial_state(self, batch: int) -> torch.Tensor:
         return torch.zeros(batch, self.state_size, device=self.action_low.device)
 
@@ -331,6 +349,7 @@ class RecurrentAgent(nn.Module):
         """
         K, B = starts.shape
         state = state * ~starts[0, :, None]
+        obs = self.encode(obs)
         indices = [len(self.trunks) - 1] if critic_only else range(len(self.trunks))
         outputs, final_states = [], []
         if K == 1 or not starts[1:].any():  # K == 1 (acting) never syncs with the device
@@ -410,7 +429,8 @@ def build_agent(args: Args, vec, device: torch.device) -> tuple[RecurrentAgent, 
     """The agent, its observation normaliser and, with --privileged-critic on a task that has a critic observation,
     the critic observation's own normaliser (else None: the critic reads the policy's features)."""
     critic_space = vec.single_critic_observation_space if args.privileged_critic else None
-    agent = RecurrentAgent(args, vec.single_observation_space, vec.single_action_space, critic_space).to(device)
+    agent = RecurrentAgent(args, vec.single_observation_space, vec.single_action_space, critic_space,
+                           getattr(vec, "scan_size", 0)).to(device)
     obs_norm = ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
     if critic_space is None:
         return agent, obs_norm, None
@@ -985,6 +1005,8 @@ def resolve_args(args: Args) -> Args:
         args.policy_device = args.sim_device = "cuda"
     check_flags(args, at_least_one=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps",
                                      "rnn_hidden_size", "rnn_layers"))
+    if not all(width >= 1 for width in args.scan_encoder_sizes):
+        raise UsageError(f"--scan-encoder-sizes must be widths of at least 1, got {args.scan_encoder_sizes!r}")
     if args.bptt_len == 0:
         args.bptt_len = args.num_steps
     if args.bptt_len < 0 or args.num_steps % args.bptt_len:

@@ -148,6 +148,10 @@ class Args:
     """initialise each branch's output projection 100x smaller, so training starts close to an MLP on the tokens"""
     critic: Literal["shared", "mlp"] = "mlp"
     """value from the transformer's features, or from a separate MLP on the current observation"""
+    scan_encoder_sizes: tuple[int, ...] = (128,)
+    """a task with a height scan (Go2Rough-v0): hidden widths of the MLP that turns it into --scan-tokens tokens"""
+    scan_tokens: int = 2
+    """tokens a step's height scan becomes, beside the --num-tokens of the rest of its observation"""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden widths of the MLP head on the transformer, and of the MLP critic"""
     privileged_critic: bool = False
@@ -216,6 +220,9 @@ PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPickCube-v0"] = dict(
 PRESETS["Go2Walk-v0"] = dict(ent_coef=0.01, total_timesteps=10_000_000)
 PRESETS["Go2WalkNoVel-v0"] = PRESETS["Go2WalkNoVelAll-v0"] = dict(PRESETS["Go2Walk-v0"], context_len=8, num_tokens=1,
                                                                  token_dim=32)
+# Rough terrain: the walking settings (token mode) for twice the steps; the scan becomes --scan-tokens tokens of its
+# own beside the step's 4, so attention weighs the terrain ahead against the robot's state.
+PRESETS["Go2Rough-v0"] = PRESETS["Go2RoughBlind-v0"] = dict(PRESETS["Go2Walk-v0"], total_timesteps=20_000_000)
 # The arm's memory tasks in history mode: 16 steps cover the hidden cue, or 0.8 s of pushing to infer the cube's mass.
 PRESETS["FrankaReachCue-v0"] = dict(context_len=16, num_tokens=1, token_dim=32, critic="shared")
 PRESETS["FrankaPushCubeRandom-v0"] = dict(PRESETS["FrankaPushCube-v0"], context_len=16, num_tokens=1, token_dim=32)
@@ -317,15 +324,21 @@ class TransformerAgent(nn.Module):
     query row is ever fully masked and attention never produces NaN.
     """
 
-    def __init__(self, args: Args, obs_space, action_space, critic_obs_space=None):
+    def __init__(self, args: Args, obs_space, action_space, critic_obs_space=None, scan_size: int = 0):
         super().__init__()
         if args.action_transform == "tanh" and not (np.isfinite(action_space.low).all()
                                                     and np.isfinite(action_space.high).all()):
             raise UsageError(f"--action-transform tanh needs finite action bounds; {args.env_id} has {action_space}")
         obs_dim, act_dim = obs_space.shape[0], action_space.shape[0]
-        K, M, D = args.context_len, args.num_tokens, args.token_dim
-        self.context_len, self.num_tokens, self.token_dim = K, M, D
-        self.embed = layer_init(nn.Linear(obs_dim, M * D), std=1.0)
+        # A height scan (the observation's last `scan_size` entries) becomes tokens of its own through an MLP, beside
+        # the M tokens of the rest of the step: attention can then weigh the terrain against the robot's state.
+        self.scan_size = scan_size
+        S = args.scan_tokens if scan_size else 0
+        K, M, D = args.context_len, args.num_tokens + S, args.token_dim
+        self.context_len, self.num_tokens, self.token_dim = K, M, D  # M: tokens per step, the scan's included
+        self.embed = layer_init(nn.Linear(obs_dim - scan_size, (M - S) * D), std=1.0)
+        if scan_size:
+            self.scan_embed = mlp(scan_size, args.scan_encoder_sizes, S * D, args.activation, out_std=1.0)
         self.position = nn.Parameter(0.02 * torch.randn(K * M, D))  # a learned position encoding over the window
         self.blocks = nn.ModuleList(
             Block(D, args.num_heads, args.ff_mult, args.pre_ln, args.gated, args.small_init) for _ in range(args.num_layers)
@@ -345,7 +358,12 @@ class TransformerAgent(nn.Module):
     def features(self, windows: torch.Tensor, valid: torch.Tensor, diagnostics: dict | None = None) -> torch.Tensor:
         """(B, K, obs_dim) windows -> (B, M * D) features of the current step's tokens."""
         B = windows.shape[0]
-        tokens = self.embed(windows).view(B, self.context_len * self.num_tokens, self.token_dim) + self.position
+        if self.scan_size:
+            embedded = torch.cat([self.embed(windows[..., :-self.scan_size]),
+                                  self.scan_embed(windows[..., -self.scan_size:])], -1)
+        else:
+            embedded = self.embed(windows)
+        tokens = embedded.view(B, self.context_len * self.num_tokens, self.token_dim) + self.position
         key_mask = valid.repeat_interleave(self.num_tokens, dim=1) if self.context_len > 1 else None
         if diagnostics is not None:
             diagnostics["current_tokens"] = self.num_tokens
@@ -404,7 +422,8 @@ def build_agent(args: Args, vec, device: torch.device) -> tuple[TransformerAgent
     """The agent, its observation normaliser and, with --privileged-critic on a task that has a critic observation,
     the critic observation's own normaliser (else None)."""
     critic_space = vec.single_critic_observation_space if args.privileged_critic else None
-    agent = TransformerAgent(args, vec.single_observation_space, vec.single_action_space, critic_space).to(device)
+    agent = TransformerAgent(args, vec.single_observation_space, vec.single_action_space, critic_space,
+                             getattr(vec, "scan_size", 0)).to(device)
     obs_norm = ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
     if critic_space is None:
         return agent, obs_norm, None
@@ -1019,7 +1038,9 @@ def resolve_args(args: Args) -> Args:
         args.policy_device = args.sim_device = "cuda"
     check_flags(args, at_least_one=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps",
                                      "context_len", "num_tokens", "token_dim", "num_heads", "num_layers",
-                                     "ff_mult"))
+                                     "ff_mult", "scan_tokens"))
+    if not all(width >= 1 for width in args.scan_encoder_sizes):
+        raise UsageError(f"--scan-encoder-sizes must be widths of at least 1, got {args.scan_encoder_sizes!r}")
     if args.token_dim % args.num_heads:
         raise UsageError(f"--num-heads {args.num_heads} does not divide --token-dim {args.token_dim}")
     # Under torchrun every process steps --num-envs envs and splits its own batch into --num-minibatches; their

@@ -332,3 +332,81 @@ def test_nonfinite_state_in_one_env_resets_that_env_only(rough):
 def test_bad_arguments_raise_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         envs.make("Go2Rough-v0", num_envs=2, **{**SMALL, **kwargs})
+
+
+# ---------------------------------------------------------------- the scripts on the rough tasks
+def scan_task(obs_dim=48 + 187, scan_size=187):
+    """What build_agent reads of a task with a height scan (no simulator needed)."""
+    import gymnasium as gym
+    from types import SimpleNamespace
+
+    return SimpleNamespace(single_observation_space=gym.spaces.Box(-np.inf, np.inf, (obs_dim,)),
+                           single_action_space=gym.spaces.Box(-1.0, 1.0, (12,)), single_critic_observation_space=None,
+                           scan_size=scan_size)
+
+
+def mean_action(script, agent, obs):
+    if script.name == "ppo_recurrent":
+        return agent.mean_action(obs, agent.initial_state(len(obs)), torch.ones(len(obs), dtype=torch.bool))[0]
+    return agent.mean_action(obs[:, None], torch.ones(len(obs), 1, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", ["ppo_recurrent", "ppo_transformer"])
+def test_the_height_scan_goes_through_its_own_encoder_and_reaches_the_actions(name):
+    """Bugs: the scan fed raw into the GRU or the step's tokens (the encoder built but bypassed), the encoder fed
+    the proprioception instead, --scan-encoder-sizes or --scan-tokens ignored, or a scan that changes no action."""
+    from conftest import script_named
+
+    script = script_named(name)
+    module = script.module
+    torch.manual_seed(0)
+    args = module.task_args("Go2Rough-v0")
+    agent = module.build_agent(args, scan_task(), torch.device("cpu"))[0]
+    if name == "ppo_recurrent":
+        assert agent.scan_encoder[0][0].in_features == 187 and agent.trunks[0].input_size == 48 + 64
+        moved = module.build_agent(module.task_args("Go2Rough-v0", scan_encoder_sizes=(16,)), scan_task(),
+                                   torch.device("cpu"))[0]
+        assert moved.trunks[0].input_size == 48 + 16
+        assert module.build_agent(args, scan_task(48, 0), torch.device("cpu"))[0].trunks[0].input_size == 48
+    else:
+        assert agent.embed.in_features == 48 and agent.scan_embed[0].in_features == 187
+        assert agent.num_tokens == 4 + 2 and agent.scan_embed[-1].out_features == 2 * args.token_dim
+        moved = module.build_agent(module.task_args("Go2Rough-v0", scan_tokens=3, scan_encoder_sizes=(16,)),
+                                   scan_task(), torch.device("cpu"))[0]
+        assert moved.num_tokens == 4 + 3 and moved.scan_embed[0].out_features == 16
+    obs = torch.randn(4, 48 + 187)
+    other_scan = obs.clone()
+    other_scan[:, 48:] = torch.randn(4, 187)
+    encoder = agent.scan_encoder if name == "ppo_recurrent" else agent.scan_embed
+    seen = []
+    encoder.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].reshape(-1, inputs[0].shape[-1])))
+    with torch.no_grad():
+        assert not torch.allclose(mean_action(script, agent, obs), mean_action(script, agent, other_scan), atol=1e-6)
+    torch.testing.assert_close(seen[0], obs[:, 48:])  # the encoder reads the scan, and only the scan
+    if name == "ppo_recurrent":
+        torch.testing.assert_close(agent.encode(obs)[:, :48], obs[:, :48])  # beside the untouched proprioception
+
+
+SMOKE_ENV = dict(max_episode_steps=6, terrain_levels=3, tile_size=4.0, terrain_border=1.0, max_init_level=2)
+
+
+@pytest.mark.parametrize("env_id", ["Go2Rough-v0", "Go2RoughBlind-v0"])
+@pytest.mark.parametrize("name", ["ppo_continuous", "ppo_recurrent", "ppo_transformer"])
+def test_each_scripts_preset_trains_and_reports_the_terrain_level_and_falls_per_type(name, env_id, in_tmp):
+    """Bugs: a preset that does not run on the task (sizes, the encoder against a scan-less observation), the
+    terrain level or per-type falls lost between the task and the logs or --eval-checkpoint's report."""
+    from conftest import script_named
+
+    script = script_named(name)
+    small = dict(num_envs=8, num_steps=6, num_minibatches=2, update_epochs=1, total_timesteps=8 * 6 * 2,
+                 sim_device="cpu", policy_device="cpu", env_kwargs=SMOKE_ENV, progress_bar=False)
+    if name == "ppo_recurrent":
+        small["bptt_len"] = 0
+    args = script.module.task_args(env_id, **small)
+    summary = script.module.train(args)
+    last = summary["history"][-1]
+    assert 0.0 <= last["episode_metrics/terrain_level"] <= 2.0
+    assert any(key.startswith("episode_metrics/fell/") for key in last)
+    result = script.module.evaluate(summary["checkpoint"], episodes=8, device="cpu", sim_device="cpu")
+    assert result["episodes"] == 8 and 0.0 <= result["terrain_level"] <= 2.0
+    assert {f"fell/{kind}" for kind in TERRAIN_TYPES} <= set(result)
