@@ -159,6 +159,8 @@ class Args:
     """evaluate this checkpoint instead of training"""
     eval_episodes: int = 10
     """episodes to evaluate, spread evenly over the envs (each env's first ones count: short ones are not favoured)"""
+    export_checkpoint: str | None = None
+    """write policy.onnx and policy.pt (TorchScript) beside this checkpoint: raw observation in, the env's action out"""
     env_kwargs: dict[str, int | float | bool | str] | None = None
     """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4"""
 
@@ -755,58 +757,23 @@ def train(args: Args, on_iteration=None) -> dict:
     return run.summary(iteration, global_step, stopping)
 
 
-@torch.inference_mode()
-def evaluate(
-    checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
-) -> dict:
-    """Runs `episodes` deterministic (mean-action) episodes with the checkpoint's frozen normaliser.
+class DeployedPolicy(nn.Module):
+    """The policy as a robot runs it, what --export-checkpoint writes and --eval-checkpoint runs: a raw observation
+    in, the action the env receives out (the frozen observation normaliser, the mean action, clip or tanh inside).
+    No memory: the observation is all it needs."""
 
-    The episodes are spread evenly over the envs and each env's first ones count, so short episodes are not
-    over-counted. Every episode starts fresh (no staggered first episodes); the tasks draw from a seed the
-    training never used.
-    """
-    if episodes < 1:
-        raise UsageError(f"--eval-episodes must be at least 1, got {episodes}")
-    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
-    args = dataclasses.replace(args_from_checkpoint(checkpoint), sim_device=sim_device)
-    policy_device = pick_device(device, "--policy-device")
-    num_envs = min(episodes, max(16, args.num_envs))
-    quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
-    vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, stagger_episodes=False)
-    agent, obs_norm, _ = build_agent(args, vec, policy_device)  # the policy alone acts: no critic normaliser
-    agent.load_state_dict(checkpoint["model"])
-    obs_norm.load_state_dict(checkpoint["obs_normalizer"])
-    obs, _ = vec.reset()
-    returns, successes = [[] for _ in range(num_envs)], [[] for _ in range(num_envs)]
-    lengths, task_metrics = [], {}  # of the counted episodes; the task's own metrics (info["episode_metrics"])
-    recorder, video = EpisodeRecorder(), os.path.join(run_dir_of(checkpoint_path), "videos", "eval.mp4")
-    if capture_video:
-        recorder.start(vec)
-    while any(len(r) < q for r, q in zip(returns, quota)):
-        obs, _, terminated, truncated, info = vec.step(agent.mean_action(obs_norm(obs)))
-        if capture_video:
-            recorder.step(vec, terminated | truncated, video)
-        episode = info["episode"]
-        for i in episode["mask"].nonzero().flatten().tolist():
-            if len(returns[i]) < quota[i]:
-                returns[i].append(float(episode["r"][i]))
-                lengths.append(int(episode["l"][i]))
-                if "success" in info:
-                    successes[i].append(bool(info["success"][i]))
-                for name, value in info.get("episode_metrics", {}).items():
-                    task_metrics.setdefault(name, []).append(float(value[i]))
-    vec.close()
-    flat_returns = [r for env_returns in returns for r in env_returns]
-    result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
-              "std_return": float(np.std(flat_returns)), "mean_length": float(np.mean(lengths)),
-              **{name: float(np.nanmean(values)) for name, values in task_metrics.items()
-                 if not np.isnan(values).all()}}  # NaN: a metric that does not apply to that episode
-    if any(successes):
-        result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
-    if capture_video:
-        result["video"] = video
-    print(json.dumps(result))
-    return result
+    memory_names: tuple[str, ...] = ()
+
+    def __init__(self, agent: Agent, obs_norm: ObsNormalizer):
+        super().__init__()
+        self.agent, self.obs_norm = agent, obs_norm
+
+    def initial_memory(self, batch: int, device: torch.device) -> list[torch.Tensor]:
+        return []
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.agent.mean_action(self.obs_norm(obs)),)
+
 
 
 # ====================================================================================================================
@@ -1046,9 +1013,9 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 def args_from_checkpoint(checkpoint: dict) -> Args:
     saved = checkpoint["args"]
-    args = Args(**{f.name: saved[f.name] for f in fields(Args) if f.name in saved})
-    args.hidden_sizes = tuple(args.hidden_sizes)  # saved as a list
-    return args
+    # tuples (--hidden-sizes, ...) are saved as lists
+    return Args(**{f.name: tuple(saved[f.name]) if isinstance(saved[f.name], list) else saved[f.name]
+                   for f in fields(Args) if f.name in saved})
 
 
 def restore(checkpoint: dict | None, rank: int, vec, stateful: dict, own_stateful: dict,
@@ -1333,6 +1300,149 @@ class Run:
         }
 
 
+@torch.inference_mode()
+def evaluate(
+    checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
+) -> dict:
+    """Runs `episodes` deterministic episodes of a checkpoint's policy, or of an exported policy.onnx run by
+    onnxruntime alone: the policy as deployed (`DeployedPolicy`: the frozen normaliser inside, the mean action, the
+    env's action out), its memory carried from step to step and zeroed where an episode ends, as a controller does.
+
+    The episodes are spread evenly over the envs and each env's first ones count, so short episodes are not
+    over-counted. Every episode starts fresh (no staggered first episodes); the tasks draw from a seed the training
+    never used.
+    """
+    if episodes < 1:
+        raise UsageError(f"--eval-episodes must be at least 1, got {episodes}")
+    policy_device = pick_device(device, "--policy-device")
+    exported = checkpoint_path.endswith(".onnx")
+    if exported:
+        policy = OnnxPolicy(checkpoint_path, "--eval-checkpoint")
+        args = policy.args
+    else:
+        checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
+        args = args_from_checkpoint(checkpoint)
+    args = dataclasses.replace(args, sim_device=sim_device)
+    num_envs = min(episodes, max(16, args.num_envs))
+    quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
+    vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, stagger_episodes=False)
+    if not exported:
+        policy = deployed_policy(args, vec, checkpoint, policy_device)
+    memory = policy.initial_memory(num_envs, policy_device)
+    obs, _ = vec.reset()
+    returns, successes = [[] for _ in range(num_envs)], [[] for _ in range(num_envs)]
+    lengths, task_metrics = [], {}  # of the counted episodes; the task's own metrics (info["episode_metrics"])
+    recorder, video = EpisodeRecorder(), os.path.join(run_dir_of(checkpoint_path), "videos", "eval.mp4")
+    if capture_video:
+        recorder.start(vec)
+    while any(len(r) < q for r, q in zip(returns, quota)):
+        action, *memory = policy(obs, *memory)
+        obs, _, terminated, truncated, info = vec.step(action)
+        done = terminated | truncated
+        memory = [m.masked_fill(done.view(-1, *[1] * (m.dim() - 1)), 0) for m in memory]  # a new episode: none yet
+        if capture_video:
+            recorder.step(vec, done, video)
+        episode = info["episode"]
+        for i in episode["mask"].nonzero().flatten().tolist():
+            if len(returns[i]) < quota[i]:
+                returns[i].append(float(episode["r"][i]))
+                lengths.append(int(episode["l"][i]))
+                if "success" in info:
+                    successes[i].append(bool(info["success"][i]))
+                for name, value in info.get("episode_metrics", {}).items():
+                    task_metrics.setdefault(name, []).append(float(value[i]))
+    vec.close()
+    flat_returns = [r for env_returns in returns for r in env_returns]
+    result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
+              "std_return": float(np.std(flat_returns)), "mean_length": float(np.mean(lengths)),
+              **{name: float(np.nanmean(values)) for name, values in task_metrics.items()
+                 if not np.isnan(values).all()}}  # NaN: a metric that does not apply to that episode
+    if any(successes):
+        result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
+    if capture_video:
+        result["video"] = video
+    print(json.dumps(result))
+    return result
+
+
+def deployed_policy(args: Args, vec, checkpoint: dict, device: torch.device) -> DeployedPolicy:
+    """The checkpoint's policy as a robot runs it (the critic is built, to load the model, but never runs)."""
+    agent, obs_norm, _ = build_agent(args, vec, device)
+    agent.load_state_dict(checkpoint["model"])
+    obs_norm.load_state_dict(checkpoint["obs_normalizer"])
+    return DeployedPolicy(agent, obs_norm).eval()
+
+
+class OnnxPolicy:
+    """An exported policy.onnx run by onnxruntime alone, called as `DeployedPolicy` is (torch tensors in and out):
+    evaluating it runs no network code of this script."""
+
+    def __init__(self, path: str, flag: str):
+        import onnxruntime
+
+        if not os.path.isfile(path):
+            raise UsageError(f"{flag} {path}: no such file")
+        try:
+            self.session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        except Exception as error:  # onnxruntime's own exception types: a file that is not an ONNX model
+            raise UsageError(f"{flag} {path} is not an ONNX model ({str(error).splitlines()[0][:200]})") from None
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        if metadata.get("script") != CHECKPOINT_KIND:
+            raise UsageError(f"{flag} {path} was not exported by {CHECKPOINT_KIND}.py (script: "
+                             f"{metadata.get('script', 'none recorded')}); evaluate it with that script")
+        self.args = args_from_checkpoint({"args": json.loads(metadata["args"])})
+        self.inputs = self.session.get_inputs()
+
+    def initial_memory(self, batch: int, device: torch.device) -> list[torch.Tensor]:
+        return [torch.zeros(batch, *i.shape[1:], dtype=torch.bool if i.type == "tensor(bool)" else torch.float32,
+                            device=device) for i in self.inputs[1:]]
+
+    def __call__(self, obs: torch.Tensor, *memory: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        feeds = {i.name: x.cpu().numpy() for i, x in zip(self.inputs, (obs, *memory))}
+        return tuple(torch.from_numpy(out).to(obs.device) for out in self.session.run(None, feeds))
+
+
+def export_policy(checkpoint_path: str) -> tuple[str, str]:
+    """Writes policy.onnx and policy.pt (TorchScript) beside the checkpoint: `DeployedPolicy`, with a dynamic batch
+    size, its memory as explicit inputs and outputs (zeros at an episode's start), and in the ONNX metadata what a
+    controller needs (the task, sizes, action bounds, control period, the memory's layout, the script, the
+    iteration, the run's flags). Each file appears whole or not at all. Returns their paths."""
+    import onnx
+
+    checkpoint = load_checkpoint(checkpoint_path, "--export-checkpoint")
+    args = dataclasses.replace(args_from_checkpoint(checkpoint), sim_device="cpu")
+    cpu = torch.device("cpu")
+    vec = make_env(args, 1, args.seed, cpu, stagger_episodes=False)  # the spaces, names and control period
+    policy = deployed_policy(args, vec, checkpoint, cpu)
+    obs_space, action_space = vec.single_observation_space, vec.single_action_space
+    control_dt, names = getattr(vec, "control_dt", None), getattr(vec, "observation_names", None)
+    vec.close()
+    example = (torch.zeros(2, *obs_space.shape), *policy.initial_memory(2, cpu))
+    inputs, outputs = ["obs", *policy.memory_names], ["action", *(f"next_{name}" for name in policy.memory_names)]
+    metadata = {
+        "script": CHECKPOINT_KIND, "env_id": args.env_id, "iteration": checkpoint["iteration"],
+        "global_step": checkpoint["global_step"], "observation_size": obs_space.shape[0],
+        "action_size": action_space.shape[0], "action_low": action_space.low.tolist(),
+        "action_high": action_space.high.tolist(), "control_dt": control_dt, "observation_names": names,
+        "inputs": {name: [("batch", *x.shape[1:]), str(x.dtype)] for name, x in zip(inputs, example)},
+        "memory_at_episode_start": "zeros (False for booleans)", "args": checkpoint["args"],
+    }
+    folder = os.path.dirname(os.path.abspath(checkpoint_path))
+    onnx_path, torchscript_path = os.path.join(folder, "policy.onnx"), os.path.join(folder, "policy.pt")
+    batch = torch.export.Dim("batch")
+    program = torch.onnx.export(policy, example, input_names=inputs, output_names=outputs, dynamo=True,
+                                dynamic_shapes=[{0: batch}] * len(example), verbose=False)
+    model = program.model_proto
+    onnx.helper.set_model_props(model, {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()})
+    onnx.save(model, onnx_path + ".tmp")
+    os.replace(onnx_path + ".tmp", onnx_path)
+    torch.jit.trace(policy, example, check_inputs=[(torch.ones(3, *obs_space.shape), *policy.initial_memory(3, cpu))]
+                    ).save(torchscript_path + ".tmp")
+    os.replace(torchscript_path + ".tmp", torchscript_path)
+    print(f"exported: {onnx_path}\n          {torchscript_path}")
+    return onnx_path, torchscript_path
+
+
 def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render: bool = False, **overrides):
     try:
         return envs.make(args.env_id, num_envs=num_envs, seed=seed, device=device, sim_device=args.sim_device,
@@ -1373,13 +1483,15 @@ def print_run_end(summary: dict) -> None:
 
 
 def cli(argv: list[str] | None = None) -> None:
-    """Trains, or evaluates --eval-checkpoint. Bad input ends with one line naming the flag and the fix (exit status
-    2); a failing env with one line and exit status 1; a run stopped by SIGINT or SIGTERM, once its checkpoint is
-    saved, with 128 + the signal's number, as a shell reports a signalled process."""
+    """Trains, evaluates --eval-checkpoint, or exports --export-checkpoint. Bad input ends with one line naming the
+    flag and the fix (exit status 2); a failing env with one line and exit status 1; a run stopped by SIGINT or
+    SIGTERM, once its checkpoint is saved, with 128 + the signal's number, as a shell reports a signalled process."""
     args = parse_args(argv)
     try:
         if args.eval_checkpoint:
             evaluate(args.eval_checkpoint, args.eval_episodes, args.capture_video, args.policy_device, args.sim_device)
+        elif args.export_checkpoint:
+            export_policy(args.export_checkpoint)
         else:
             summary = train(args)
             print_run_end(summary)

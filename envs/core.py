@@ -134,6 +134,11 @@ class GymnasiumVecEnv:
         self._tensor = torch.from_numpy if self.device.type == "cpu" else lambda a: torch.from_numpy(a).to(self.device)
         # A task with a critic observation (the partially observable variants: the base task's whole observation)
         # hands it out in info["critic_obs"]; None: the critic reads the policy's observation.
+        # Seconds between two actions (MuJoCo's and classic control's `dt`), for a controller; None if unknown.
+        try:
+            self.control_dt = float(self.env.get_attr("dt")[0])
+        except AttributeError:
+            self.control_dt = None
         self.single_critic_observation_space = None
         if "keep" in gym.spec(env_id).kwargs:
             self.single_critic_observation_space = self.env.get_attr("critic_observation_space")[0]

@@ -57,6 +57,7 @@ class FrankaArmVecEnv(GenesisVecEnv):
                          action_dim, stagger_episodes, max_abs_value, render_mode)
         self.action_scale = action_scale
         self.init_noise = init_noise
+        self.control_dt = sim_dt * decimation  # seconds between two actions
 
         import genesis as gs
         from genesis.utils.geom import transform_by_quat

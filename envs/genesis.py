@@ -39,6 +39,10 @@ def init_genesis(sim_device: str) -> str:
     sim_device = "gpu" if sim_device == "cuda" else sim_device
     if sim_device == "gpu" and not torch.cuda.is_available():
         raise ValueError("sim_device='gpu' but torch sees no CUDA GPU; use sim_device='cpu'")
+    try:  # before Genesis imports Python 3.11's own distutils: torch.compile's builder later imports setuptools,
+        import setuptools  # noqa: F401  whose distutils shim then fails on the stdlib one already loaded
+    except ImportError:  # Python 3.12 venvs have neither
+        pass
     import genesis as gs
 
     if _genesis_backend is None and not gs._initialized:

@@ -118,7 +118,9 @@ class Go2WalkVecEnv(GenesisVecEnv):
         obs_dim = sum(dict(OBS_LAYOUT)[name] for name in self.observed) + self.scan_size
         super().__init__(num_envs, seed, device, sim_device, max_episode_steps, 1, obs_dim, clip_actions,
                          NUM_JOINTS, stagger_episodes, max_abs_value, render_mode)
-        self.dt = dt
+        self.dt = self.control_dt = dt  # seconds between two actions
+        self.observation_names = [f"{name}[{i}]" for name in self.observed for i in range(dict(OBS_LAYOUT)[name])] + [
+            f"height_scan[{i}]" for i in range(self.scan_size)]
         self.action_scale = action_scale
         self.simulate_action_latency = simulate_action_latency
         self.resample_steps = max(1, round(resampling_time_s / dt))

@@ -128,6 +128,7 @@ EXEMPT: dict[str, str] = {
     "resume": "a path: continues a run (test_resume_continues_exactly_like_an_uninterrupted_run)",
     "eval_checkpoint": "a path: evaluates instead of training",
     "eval_episodes": "evaluation only",
+    "export_checkpoint": "a path: exports instead of training (tests/test_export.py)",
     "scan_encoder_sizes": "acts on a task with a height scan alone (tests/test_go2_rough.py moves it); inert here",
     "scan_tokens": "acts on a task with a height scan alone (tests/test_go2_rough.py moves it); inert here",
 }

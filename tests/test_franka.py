@@ -4,13 +4,16 @@ Each Genesis scene build takes several seconds (the first one in a fresh cache c
 over a minute), so the scenes are module fixtures shared by the tests that only read them.
 """
 
+import subprocess
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import envs
-from conftest import check_episode_statistics, check_seeding
+from conftest import REPO, SLOW_MACHINE_S, check_episode_statistics, check_seeding
 from envs.franka import FrankaReachVecEnv
 
 EPISODE = 10
@@ -223,3 +226,14 @@ def test_headless_video_frame_of_env_zero():
     vec.close()
     assert frame.shape == (360, 480, 3) and frame.dtype == np.uint8
     assert frame.std() > 5  # not a blank image
+
+
+def test_torch_compile_can_build_after_a_genesis_scene():
+    """Bug: --compile failed on every Genesis task (an AssertionError naming Python's distutils/core.py): building a
+    scene imported Python 3.11's own distutils, and torch.compile's C++ builder, importing setuptools later, refused
+    it. A fresh process, as a run is."""
+    code = ("import envs; envs.make('FrankaReach-v0', num_envs=1, sim_device='cpu').close(); "
+            "import torch.utils.cpp_extension; print('built')")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                            timeout=SLOW_MACHINE_S)
+    assert result.returncode == 0 and "built" in result.stdout, result.stderr[-2000:]

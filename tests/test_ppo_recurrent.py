@@ -210,10 +210,11 @@ def test_evaluation_resets_the_hidden_state_at_episode_starts(in_tmp, monkeypatc
     monkeypatch.setattr(ppo.RecurrentAgent, "mean_action", recording)
     result = ppo.evaluate(summary["checkpoint"], episodes=17, device="cpu")  # 16 envs, the first plays 2
     assert result["episodes"] == 17 and np.isfinite(result["mean_return"])
-    starts = torch.stack([st for _, st in seen])
-    assert starts[0].all() and starts[21].all()  # 21-step episodes: the second starts at step 21
-    later = torch.stack([s for s, _ in seen])[1:21]
-    assert (later.abs().sum(-1) > 0).all()  # memory is carried inside an episode
+    # The deployed policy is handed zeros where an episode starts (a controller's job), never a start flag.
+    states, starts = torch.stack([s for s, _ in seen]), torch.stack([st for _, st in seen])
+    assert not starts.any()
+    assert (states[0] == 0).all() and (states[21] == 0).all()  # 21-step episodes: the second starts at step 21
+    assert (states[1:21].abs().sum(-1) > 0).all()  # memory is carried inside an episode
 
 
 # ---------------------------------------------------------------- the command line

@@ -38,7 +38,8 @@ def checkpoints(tmp_path_factory):
             args.total_timesteps = args.num_envs * args.num_steps
             paths[name] = os.path.abspath(script.module.train(args)["checkpoint"])
     data = open(paths["ppo_continuous"], "rb").read()
-    for name, content in (("truncated.pt", data[: len(data) // 2]), ("garbage.pt", b"not a checkpoint" * 100)):
+    for name, content in (("truncated.pt", data[: len(data) // 2]), ("garbage.pt", b"not a checkpoint" * 100),
+                          ("garbage.onnx", b"not an onnx model" * 100)):
         (root / name).write_bytes(content)
         paths[name] = str(root / name)
     torch.save({"args": {}, "code": np.random.RandomState(0)}, root / "pickled.pt")  # weights_only refuses it
@@ -103,6 +104,11 @@ CLI_CASES = [
     ("ppo_continuous", ["--eval-checkpoint", "{ppo_recurrent}"], "ppo_recurrent.py"),
     ("ppo_continuous", ["--resume", "{ppo_transformer}"], "ppo_transformer.py"),
     ("ppo_continuous", ["--eval-checkpoint", "{ppo_continuous}", "--eval-episodes", "0"], "--eval-episodes"),
+    ("ppo_continuous", ["--export-checkpoint", "nowhere.pt"], "no checkpoint"),
+    ("ppo_continuous", ["--export-checkpoint", "{garbage.pt}"], "not a readable checkpoint"),
+    ("ppo_continuous", ["--export-checkpoint", "{ppo_recurrent}"], "ppo_recurrent.py"),
+    ("ppo_continuous", ["--eval-checkpoint", "nowhere.onnx"], "--eval-checkpoint nowhere.onnx: no such file"),
+    ("ppo_continuous", ["--eval-checkpoint", "{garbage.onnx}"], "is not an ONNX model"),
     ("ppo_continuous", ["--eval-checkpoint", "{ppo_continuous}", "--eval-episodes", "-1"], "--eval-episodes"),
     ("ppo_recurrent", ["--env-id", "PendulumNoVel-v1", "--bptt-len", "7"], "--bptt-len 7"),
     ("ppo_recurrent", ["--env-id", "PendulumNoVel-v1", "--rnn-hidden-size", "0"], "--rnn-hidden-size"),
