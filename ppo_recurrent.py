@@ -293,7 +293,8 @@ class RecurrentAgent(nn.Module):
                 nn.init.constant_(param, 0.0)
         self.state_parts = 2 if args.rnn_type == "lstm" else 1
         self.layers, self.hidden = rnn_layers, rnn_hidden_size
-        self.state_size = len(self.trunks) * self.state_parts * rnn_layers * rnn_hidden_size
+        self.actor_state_size = self.state_parts * rnn_layers * rnn_hidden_size  # the actor's trunk alone
+        self.state_size = len(self.trunks) * self.actor_state_size
         self.heads_see_obs = args.heads_see_obs
         head_input = rnn_hidden_size + (obs_dim if args.heads_see_obs else 0)
         critic_input = critic_obs_space.shape[0] if self.privileged else head_input
@@ -422,9 +423,16 @@ class RecurrentAgent(nn.Module):
             return self.action_low + (torch.tanh(action) + 1) * (self.action_high - self.action_low) / 2
         return action.clamp(self.action_low, self.action_high)
 
-    def mean_action(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor):
-        actor_features, _, next_state = self.features(obs[None], state, starts[None])
-        return self.env_action(self.actor_mean(actor_features[0])), next_state
+    def actor_step(self, obs: torch.Tensor, actor_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of the policy alone, as deployed: (B, obs_dim) observations and the actor trunk's state
+        (B, actor_state_size, laid out as its slice of the full state) -> the env's mean action and that trunk's next
+        state. A separate critic trunk, which acting does not need, does not run."""
+        x = self.encode(obs)[None]
+        parts = actor_state.view(-1, self.state_parts, self.layers, self.hidden).permute(1, 2, 0, 3).contiguous()
+        out, final = self.trunks[0](x, parts[0] if self.state_parts == 1 else (parts[0], parts[1]))
+        features = torch.cat([out[0], x[0]], -1) if self.heads_see_obs else out[0]
+        final = torch.stack(final) if isinstance(final, tuple) else final[None]  # (parts, layers, B, hidden)
+        return self.env_action(self.actor_mean(features)), final.permute(2, 0, 1, 3).reshape(x.shape[1], -1)
 
 
 def build_agent(args: Args, vec, device: torch.device) -> tuple[RecurrentAgent, ObsNormalizer, ObsNormalizer | None]:
@@ -936,8 +944,8 @@ def train(args: Args, on_iteration=None) -> dict:
 class DeployedPolicy(nn.Module):
     """The policy as a robot runs it, what --export-checkpoint writes and --eval-checkpoint runs: a raw observation
     in, the action the env receives out (the frozen observation normaliser, the mean action, clip or tanh inside);
-    the recurrent state (every trunk's hidden and, for an LSTM, cell state, flattened: `agent.state_size`) is an
-    input and an output, zeros at an episode's start."""
+    the actor trunk's recurrent state (its hidden and, for an LSTM, cell state of every layer, flattened:
+    `agent.actor_state_size`) is an input and an output, zeros at an episode's start."""
 
     memory_names = ("state",)
 
@@ -946,12 +954,10 @@ class DeployedPolicy(nn.Module):
         self.agent, self.obs_norm = agent, obs_norm
 
     def initial_memory(self, batch: int, device: torch.device) -> list[torch.Tensor]:
-        return [torch.zeros(batch, self.agent.state_size, device=device)]
+        return [torch.zeros(batch, self.agent.actor_state_size, device=device)]
 
     def forward(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)  # the caller zeroes `state` instead
-        return self.agent.mean_action(self.obs_norm(obs), state, starts)
-
+        return self.agent.actor_step(self.obs_norm(obs), state)
 
 
 # ====================================================================================================================

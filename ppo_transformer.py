@@ -989,7 +989,6 @@ class DeployedPolicy(nn.Module):
         return self.agent.mean_action(self.obs_norm(window), valid), window, valid
 
 
-
 # ====================================================================================================================
 # Below: run plumbing, the same in all three scripts (flag checks, torchrun, run directories, checkpoints,
 # signals, logging, the command line). No need to read it to change the algorithm.

@@ -50,8 +50,9 @@ def record(script, checkpoint_path, steps: int, num_envs: int = 2):
         if script.name == "ppo_transformer" else None
     observations, dones, actions = [], [], []
     for _ in range(steps):
-        if script.name == "ppo_recurrent":
-            action, state = agent.mean_action(obs_norm(obs), state, starts)
+        if script.name == "ppo_recurrent":  # the rollout's path: every trunk, zeroed by the episode-start flags
+            features, _, state = agent.features(obs_norm(obs)[None], state, starts[None])
+            action = agent.env_action(agent.actor_mean(features[0]))
         elif script.name == "ppo_transformer":
             context.push(obs_norm(obs))
             action = agent.mean_action(context.obs, context.valid())
@@ -176,11 +177,11 @@ def test_onnx_metadata_holds_what_a_controller_needs(in_tmp):
     assert json.loads(metadata["iteration"]) == torch.load(checkpoint, weights_only=False)["iteration"]
     assert [i.name for i in session.get_inputs()] == ["obs", "state"]
     assert [o.name for o in session.get_outputs()] == ["action", "next_state"]
-    assert json.loads(metadata["inputs"])["state"][0] == ["batch", 32]  # two trunks (actor, critic) of 16
+    assert json.loads(metadata["inputs"])["state"][0] == ["batch", 16]  # the actor's trunk alone (GRU 16)
     run, initial_memory, _ = onnx_runner(onnx_path)
     for batch in (1, 5):  # a dynamic batch size
         action, state = run(np.zeros((batch, 2), np.float32), *initial_memory(batch))
-        assert action.shape == (batch, 1) and state.shape == (batch, 32)
+        assert action.shape == (batch, 1) and state.shape == (batch, 16)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -189,3 +190,14 @@ def test_evaluating_another_scripts_onnx_is_refused_in_one_line(name, in_tmp):
     onnx_path, _ = other.module.export_policy(train_tiny(other))
     with pytest.raises(script_named(name).module.UsageError, match=f"was not exported by {name}.py"):
         script_named(name).module.evaluate(onnx_path, episodes=1, device="cpu", sim_device="cpu")
+
+
+@pytest.mark.parametrize("trunks", [(("shared_trunk", False),), (("shared_trunk", True),)], ids=["two-trunks", "shared"])
+def test_exported_lstm_policy_of_two_layers_acts_as_the_script(trunks, in_tmp):
+    """Bugs: an LSTM exported as if it were a GRU (its cell state dropped), layers or trunks mixed up in the flat
+    state (the deployed state is the actor trunk's slice of the script's)."""
+    script = script_named("ppo_recurrent")
+    checkpoint = train_tiny(script, rnn_type="lstm", rnn_layers=2, **dict(trunks))
+    onnx_path = check_export_acts_as_the_script(script, checkpoint, steps=20)
+    _, _, session = onnx_runner(onnx_path)
+    assert session.get_inputs()[1].shape[1:] == [2 * 2 * 16]  # (hidden, cell) x 2 layers x 16

@@ -201,18 +201,17 @@ def test_evaluation_resets_the_hidden_state_at_episode_starts(in_tmp, monkeypatc
     """Bug: evaluation carrying memory across episodes (or not carrying it inside one)."""
     summary = ppo.train(SCRIPT.args())
     seen = []
-    original = ppo.RecurrentAgent.mean_action
+    original = ppo.RecurrentAgent.actor_step
 
-    def recording(self, obs, state, starts):
-        seen.append((state.clone(), starts.clone()))
-        return original(self, obs, state, starts)
+    def recording(self, obs, actor_state):
+        seen.append(actor_state.clone())
+        return original(self, obs, actor_state)
 
-    monkeypatch.setattr(ppo.RecurrentAgent, "mean_action", recording)
+    monkeypatch.setattr(ppo.RecurrentAgent, "actor_step", recording)
     result = ppo.evaluate(summary["checkpoint"], episodes=17, device="cpu")  # 16 envs, the first plays 2
     assert result["episodes"] == 17 and np.isfinite(result["mean_return"])
-    # The deployed policy is handed zeros where an episode starts (a controller's job), never a start flag.
-    states, starts = torch.stack([s for s, _ in seen]), torch.stack([st for _, st in seen])
-    assert not starts.any()
+    # The deployed policy is handed zeros where an episode starts (a controller's job).
+    states = torch.stack(seen)
     assert (states[0] == 0).all() and (states[21] == 0).all()  # 21-step episodes: the second starts at step 21
     assert (states[1:21].abs().sum(-1) > 0).all()  # memory is carried inside an episode
 
