@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from envs.core import MAX_ABS_VALUE, EpisodeTracker, as_bool_mask, reset_seed, torch_device
+from envs.core import EpisodeTracker, as_bool_mask, reset_seed, torch_device
 
 _genesis_backend: str | None = None
 

@@ -257,19 +257,21 @@ class Go2WalkVecEnv(GenesisVecEnv):
         if self.push_steps:
             self.steps_taken += 1
             if int(self.steps_taken) % self.push_steps == 0:  # legged_gym pushes every robot on the same step
-                base_vel = self.robot.get_dofs_velocity([0, 1])  # the free joint's world-frame x and y velocity
-                push = (torch.rand(base_vel.shape, generator=self.generator, device=base_vel.device) * 2 - 1)
+                push = torch.rand(self.num_envs, 2, generator=self.generator, device=self.last_action.device) * 2 - 1
+                # the free joint's first two dofs: the base's world-frame x and y velocity
                 self.robot.set_dofs_velocity(push * self.max_push_velocity, dofs_idx_local=[0, 1])
 
     def _read_state(self) -> None:
         self.base_pos = self.robot.get_pos()
         self.base_height = self.base_pos[:, 2] - self._ground_height(self.base_pos[:, :2])
-        to_body = self._inv_quat(self.robot.get_quat())
+        self.base_quat = self.robot.get_quat()
+        to_body = self._inv_quat(self.base_quat)
         self.base_lin_vel = self._transform_by_quat(self.robot.get_vel(), to_body)
         self.base_ang_vel = self._transform_by_quat(self.robot.get_ang(), to_body)
         self.projected_gravity = self._transform_by_quat(self.gravity, to_body)
         self.dof_pos = self.robot.get_dofs_position(self.motor_dofs)
         self.dof_vel = self.robot.get_dofs_velocity(self.motor_dofs)
+        self.link_forces = self.robot.get_links_net_contact_force().norm(dim=-1)  # (envs, links), N
 
     def _observe(self) -> torch.Tensor:
         blocks = self._observation_blocks()
@@ -283,7 +285,7 @@ class Go2WalkVecEnv(GenesisVecEnv):
 
     def _observe_critic(self) -> torch.Tensor:
         blocks = self._observation_blocks()
-        contact_force = self.robot.get_links_net_contact_force()[:, self.feet].norm(dim=-1)
+        contact_force = self.link_forces[:, self.feet]
         extras = [self.dynamics] if self.randomise_dynamics else []
         return torch.cat([*(blocks[name] for name, _ in OBS_LAYOUT), (contact_force > CONTACT_FORCE_N).float(),
                           *extras, *self._critic_scan_blocks()], dim=-1)

@@ -155,7 +155,7 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
     # ------------------------------------------------------------------ observation, termination, metrics
     def _read_state(self) -> None:
         super()._read_state()
-        points = scan_points_world(self.base_pos[:, :2], yaw_of(self.robot.get_quat()), self.scan_local)
+        points = scan_points_world(self.base_pos[:, :2], yaw_of(self.base_quat), self.scan_local)
         self.ground_under_scan = self.height_field.height_at(points)  # (envs, points)
 
     def _scan(self) -> torch.Tensor:
@@ -171,8 +171,7 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
     def _evaluate(self, action: torch.Tensor):
         self.commanded_distance += self.commands[:, :2].norm(dim=-1) * self.dt  # before new commands are drawn
         terms, fell = super()._evaluate(action)
-        base_force = self.robot.get_links_net_contact_force()[:, self.base_link].norm(dim=-1)
-        self.fell = fell | (base_force > CONTACT_FORCE_N)
+        self.fell = fell | (self.link_forces[:, self.base_link] > CONTACT_FORCE_N)
         return terms, self.fell
 
     def _episode_info(self, ended: torch.Tensor) -> dict:
