@@ -157,8 +157,10 @@ class Args:
     """checkpoint file or run directory to continue (same run directory, step counter and curves)"""
     eval_checkpoint: str | None = None
     """evaluate this checkpoint instead of training"""
+    eval_interval: int = 20
+    """iterations between evaluations while training, and one at the end: eval/* logs, checkpoint_best.pt (0: none)"""
     eval_episodes: int = 10
-    """episodes to evaluate, spread evenly over the envs (each env's first ones count: short ones are not favoured)"""
+    """episodes per evaluation, spread over the envs (each env's first ones count: short ones are not favoured)"""
     export_checkpoint: str | None = None
     """write policy.onnx and policy.pt (TorchScript) beside this checkpoint: raw observation in, the env's action out"""
     env_kwargs: dict[str, int | float | bool | str] | None = None
@@ -182,6 +184,7 @@ CLEANRL = dict(
     num_envs=1, total_timesteps=1_000_000, learning_rate=3e-4, lr_schedule="linear", num_steps=2048,
     num_minibatches=32, update_epochs=10, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5, activation="tanh",
     update_threads=1, norm_adv_per_minibatch=True, norm_reward=True,  # as CleanRL (the arm's differ: see Args)
+    eval_interval=0,  # CleanRL evaluates once trained (--eval-checkpoint); the robot tasks evaluate while training
 )
 # The other arm tasks as they were measured: the arm's earlier 5 epochs, no entropy bonus, rewards scaled.
 ARM_AS_MEASURED = dict(update_epochs=5, ent_coef=0.0, norm_adv_per_minibatch=True, norm_reward=True)
@@ -711,8 +714,7 @@ def train(args: Args, on_iteration=None) -> dict:
     critic_obs_dim = 0 if critic_norm is None else vec.single_critic_observation_space.shape[0]
     rollout = RolloutBuffers.allocate(args, vec, policy_device, critic_obs_dim)
     reports = RolloutReports(T, N, policy_device)
-    run = Run(args, rank, policy_device, vec, stateful, own_stateful, carry, start_iteration,
-              resumed_at=global_step if checkpoint is not None else None, on_iteration=on_iteration)
+    run = Run(args, rank, policy_device, vec, stateful, own_stateful, carry, checkpoint, on_iteration)
     iteration, stopping = start_iteration - 1, None
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
@@ -737,6 +739,7 @@ def train(args: Args, on_iteration=None) -> dict:
             update_stats, epochs_done = update(agent, optimizer, loss_fn, batch, args)
             update_time = time.perf_counter() - update_start
             torch.set_num_threads(rollout_threads)
+            eval_metrics = run.evaluate(iteration, agent, obs_norm)  # --eval-interval: the updated policy, deployed
 
             # Stop after the iteration where a signal had reached any process when they exchanged reports; one
             # arriving during or after the exchange stays in stop.signum for the next (not overwritten by None).
@@ -745,9 +748,9 @@ def train(args: Args, on_iteration=None) -> dict:
             run.log(iteration, global_step, scalars, ended_returns, ended_lengths, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"], "time/rollout_s": rollout_time,
                 "charts/update_epochs_done": epochs_done, "time/update_s": update_time,
-                "charts/SPS": T * N * args.world_size / (rollout_time + update_time)})
-            if iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stopping:
-                run.save(iteration, global_step)
+                "charts/SPS": T * N * args.world_size / (rollout_time + update_time), **eval_metrics})
+            run.save(iteration, global_step,
+                     periodic=iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stopping)
             if stopping:
                 break
     except EnvStepError as error:
@@ -834,6 +837,7 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
         ("checkpoint_interval", args.checkpoint_interval >= 1, "at least 1"),
         ("video_interval", args.video_interval >= 1, "at least 1"),
         ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
+        ("eval_interval", args.eval_interval >= 0, "0 (no evaluation while training) or more"),
         ("exp_name", bool(args.exp_name) and "/" not in args.exp_name,
          "a non-empty name without '/' (it names the run dir)"),
         ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
@@ -1187,12 +1191,14 @@ class Run:
 
     A checkpoint holds `stateful` (shared by all processes under torchrun, identical in each) and each process's own
     `own_stateful`, torch RNG, envs' state and `carry` (where the next rollout starts: tensors, or objects with a
-    state_dict), process 0's at the top level and the others' in "other_processes"."""
+    state_dict), process 0's at the top level and the others' in "other_processes", and the best evaluation so far.
+    `checkpoint`: the one the run resumes from, or None."""
 
     def __init__(self, args: Args, rank: int, device: torch.device, vec, stateful: dict, own_stateful: dict,
-                 carry: dict, start_iteration: int, resumed_at: int | None, on_iteration=None):
+                 carry: dict, checkpoint: dict | None, on_iteration=None):
         self.args, self.rank, self.device, self.vec = args, rank, device, vec
         self.stateful, self.own_stateful, self.carry = stateful, own_stateful, carry
+        resumed_at = None if checkpoint is None else checkpoint["global_step"]
         self.run_dir, self.writer, self.wandb_run = None, None, None  # process 0's alone under torchrun
         if rank == 0:
             try:  # only now, with the flags, the checkpoint and the env accepted: a rejected run leaves nothing behind
@@ -1208,7 +1214,12 @@ class Run:
         if args.progress_bar and rank == 0:
             from tqdm import tqdm
 
-            self.progress = tqdm(total=args.num_iterations, initial=start_iteration - 1, unit="it", dynamic_ncols=True)
+            done = 0 if checkpoint is None else checkpoint["iteration"]
+            self.progress = tqdm(total=args.num_iterations, initial=done, unit="it", dynamic_ncols=True)
+        # --eval-interval: process 0's evaluation envs (made at the first evaluation), the best evaluation so far
+        # ({"iteration", "score"}; a resumed run remembers it) and whether this iteration's beat it.
+        self.eval_vec, self.new_best = None, False
+        self.best_eval = None if checkpoint is None else checkpoint.get("best_eval")
         self.recorder = EpisodeRecorder() if args.capture_video and rank == 0 else None
 
     def own_state(self) -> dict:
@@ -1223,17 +1234,61 @@ class Run:
 
     def checkpoint_state(self, iteration: int, global_step: int, own_states: list[dict]) -> dict:
         return {"script": CHECKPOINT_KIND, "args": asdict(self.args), "global_step": global_step,
-                "iteration": iteration, "world_size": self.args.world_size, **own_states[0],
+                "iteration": iteration, "world_size": self.args.world_size, "best_eval": self.best_eval, **own_states[0],
                 "other_processes": own_states[1:], **{key: obj.state_dict() for key, obj in self.stateful.items()}}
 
     def keep_last_completed(self, iteration: int, global_step: int) -> None:
         if self.args.world_size == 1:  # under torchrun the other processes' states are out of reach
             self.last_completed = copy.deepcopy(self.checkpoint_state(iteration, global_step, [self.own_state()]))
 
-    def save(self, iteration: int, global_step: int) -> None:
+    def save(self, iteration: int, global_step: int, periodic: bool = True) -> None:
+        """The `periodic` checkpoint, and checkpoint_best.pt after an evaluation that beat all before it (a whole
+        checkpoint: it evaluates, exports and resumes; written atomically). Every process calls it (a collective)."""
+        if not (periodic or self.new_best):
+            return
         own_states = gather_processes(self.own_state())
         if self.rank == 0:
-            save_checkpoint(self.run_dir, self.checkpoint_state(iteration, global_step, own_states))
+            state = self.checkpoint_state(iteration, global_step, own_states)
+            if periodic:
+                save_checkpoint(self.run_dir, state)
+            if self.new_best:
+                best = os.path.join(self.run_dir, "checkpoint_best.pt")
+                torch.save(state, best + ".tmp")
+                os.replace(best + ".tmp", best)
+
+    def evaluate(self, iteration: int, agent: nn.Module, obs_norm: ObsNormalizer) -> dict:
+        """--eval-interval: on the iterations it names and the last, process 0 runs --eval-episodes episodes of the
+        policy as deployed (`run_episodes`, the same episodes each time) on envs of its own while the others wait.
+        Torch's RNG is forked around it, so that training draws the same numbers with evaluation as without. Returns
+        the eval/* metrics (process 0's; none on the others) and marks a new best, by the success rate (then the
+        return) where the task reports success, else by the return, for `save` (decided on process 0, for all)."""
+        args, self.new_best = self.args, False
+        if not args.eval_interval or (iteration % args.eval_interval and iteration != args.num_iterations):
+            return {}
+        metrics, score = {}, None
+        if self.rank == 0:
+            started = time.perf_counter()
+            with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
+                try:
+                    if self.eval_vec is None:
+                        self.eval_vec = evaluation_envs(args, args.eval_episodes, self.device)
+                    result = run_episodes(DeployedPolicy(agent, obs_norm), self.eval_vec, args.eval_episodes,
+                                          args.seed + EVAL_SEED_OFFSET)
+                except Exception as error:  # noqa: BLE001 - the task's code failed: reported as the training envs'
+                    raise EnvStepError(f"{args.env_id}: the evaluation envs raised at iteration {iteration} "
+                                       f"({type(error).__name__}: {error})") from error
+            metrics = {EVAL_NAMES.get(key, f"eval/{key}"): value for key, value in result.items() if key != "episodes"}
+            metrics["time/eval_s"] = time.perf_counter() - started
+            score = [result["success_rate"], result["mean_return"]] if "success_rate" in result else [
+                result["mean_return"]]
+        if dist.is_initialized():
+            shared = [score]
+            dist.broadcast_object_list(shared, src=0)
+            score = shared[0]
+        self.new_best = self.best_eval is None or score > self.best_eval["score"]
+        if self.new_best:
+            self.best_eval = {"iteration": iteration, "score": score}
+        return metrics
 
     def save_after_env_error(self, error: EnvStepError) -> None:
         """Saves the last completed iteration and the env's traceback, then raises the error with how to go on."""
@@ -1282,6 +1337,8 @@ class Run:
         if self.writer is not None:
             self.writer.close()
         self.vec.close()
+        if self.eval_vec is not None:
+            self.eval_vec.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
         if dist.is_initialized():
@@ -1296,6 +1353,7 @@ class Run:
             "mean_recent_return": float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),
             "history": self.history,
             "stopped_by": stopped_by,  # the signal that stopped the run early, or None
+            "best_eval": self.best_eval,  # --eval-interval: the best evaluation's iteration and score, or None
         }
 
 
@@ -1303,13 +1361,9 @@ class Run:
 def evaluate(
     checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
 ) -> dict:
-    """Runs `episodes` deterministic episodes of a checkpoint's policy, or of an exported policy.onnx run by
-    onnxruntime alone: the policy as deployed (`DeployedPolicy`: the frozen normaliser inside, the mean action, the
-    env's action out), its memory carried from step to step and zeroed where an episode ends, as a controller does.
-
-    The episodes are spread evenly over the envs and each env's first ones count, so short episodes are not
-    over-counted. Every episode starts fresh (no staggered first episodes); the tasks draw from a seed the training
-    never used.
+    """Runs `episodes` deterministic episodes (`run_episodes`) of a checkpoint's policy, or of an exported policy.onnx
+    run by onnxruntime alone, prints the result as JSON and returns it. The evaluation during training
+    (--eval-interval) runs the same episodes: its eval/* logs of an iteration are this of that iteration's checkpoint.
     """
     if episodes < 1:
         raise UsageError(f"--eval-episodes must be at least 1, got {episodes}")
@@ -1322,24 +1376,53 @@ def evaluate(
         checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
         args = args_from_checkpoint(checkpoint)
     args = dataclasses.replace(args, sim_device=sim_device)
-    num_envs = min(episodes, max(16, args.num_envs))
-    quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
-    vec = make_env(args, num_envs, args.seed + 10_000, policy_device, render=capture_video, stagger_episodes=False)
+    vec = evaluation_envs(args, episodes, policy_device, render=capture_video)
     if not exported:
         policy = deployed_policy(args, vec, checkpoint, policy_device)
-    memory = policy.initial_memory(num_envs, policy_device)
-    obs, _ = vec.reset()
+    video = os.path.join(run_dir_of(checkpoint_path), "videos", "eval.mp4") if capture_video else None
+    try:
+        result = run_episodes(policy, vec, episodes, args.seed + EVAL_SEED_OFFSET, video)
+    finally:
+        vec.close()
+    print(json.dumps(result))
+    return result
+
+
+EVAL_SEED_OFFSET = 10_000  # evaluation envs' seeds: args.seed + this, a seed the training envs never take
+# run_episodes' results as the evaluation during training logs them (the task's episode metrics as eval/<name>)
+EVAL_NAMES = {"mean_return": "eval/return", "std_return": "eval/return_std", "mean_length": "eval/episode_length",
+              "success_rate": "eval/success"}
+
+
+def evaluation_envs(args: Args, episodes: int, device: torch.device, render: bool = False):
+    """The envs evaluation runs on: one per episode up to the training's count (at least 16), first episodes not
+    staggered."""
+    num_envs = min(episodes, max(16, args.num_envs))
+    return make_env(args, num_envs, args.seed + EVAL_SEED_OFFSET, device, render=render, stagger_episodes=False)
+
+
+@torch.inference_mode()
+def run_episodes(policy, vec, episodes: int, seed: int, video: str | None = None) -> dict:
+    """`episodes` episodes of `policy` (DeployedPolicy, or OnnxPolicy) on `vec`, reset with `seed` (the same
+    episodes every time): the policy as deployed, its memory carried from step to step and zeroed where an episode
+    ends, as a controller does. The episodes are spread evenly over the envs and each env's first ones count, so
+    short episodes are not over-counted. Returns the mean return, its std, the mean length, the success rate (where
+    the task reports success) and the task's episode metrics (`video`: env 0's first episode written there)."""
+    num_envs = vec.num_envs
+    quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]  # sums to `episodes`
+    obs, _ = vec.reset(seed=seed)
+    memory = policy.initial_memory(num_envs, obs.device)
     returns, successes = [[] for _ in range(num_envs)], [[] for _ in range(num_envs)]
     lengths, task_metrics = [], {}  # of the counted episodes; the task's own metrics (info["episode_metrics"])
-    recorder, video = EpisodeRecorder(), os.path.join(run_dir_of(checkpoint_path), "videos", "eval.mp4")
-    if capture_video:
+    recorder = EpisodeRecorder()
+    if video is not None:
         recorder.start(vec)
     while any(len(r) < q for r, q in zip(returns, quota)):
         action, *memory = policy(obs, *memory)
         obs, _, terminated, truncated, info = vec.step(action)
         done = terminated | truncated
         memory = [m.masked_fill(done.view(-1, *[1] * (m.dim() - 1)), 0) for m in memory]  # a new episode: none yet
-        if capture_video:
+        if video is not None:
             recorder.step(vec, done, video)
         episode = info["episode"]
         for i in episode["mask"].nonzero().flatten().tolist():
@@ -1350,7 +1433,6 @@ def evaluate(
                     successes[i].append(bool(info["success"][i]))
                 for name, value in info.get("episode_metrics", {}).items():
                     task_metrics.setdefault(name, []).append(float(value[i]))
-    vec.close()
     flat_returns = [r for env_returns in returns for r in env_returns]
     result = {"episodes": len(flat_returns), "mean_return": float(np.mean(flat_returns)),
               "std_return": float(np.std(flat_returns)), "mean_length": float(np.mean(lengths)),
@@ -1358,9 +1440,8 @@ def evaluate(
                  if not np.isnan(values).all()}}  # NaN: a metric that does not apply to that episode
     if any(successes):
         result["success_rate"] = float(np.mean([s for env_s in successes for s in env_s]))
-    if capture_video:
+    if video is not None:
         result["video"] = video
-    print(json.dumps(result))
     return result
 
 
@@ -1476,6 +1557,11 @@ def print_run_end(summary: dict) -> None:
              + (f", success rate of the last iteration {success:.1%}" if success is not None else ""),
              "watch:    tensorboard --logdir runs",
              f"evaluate: python {script} --eval-checkpoint {summary['checkpoint']} --eval-episodes 100"]
+    if summary["best_eval"] is not None:  # evaluated while training (--eval-interval)
+        *success, mean_return = summary["best_eval"]["score"]
+        lines.append(f"best:     {os.path.join(summary['run_dir'], 'checkpoint_best.pt')} (iteration "
+                     f"{summary['best_eval']['iteration']}: " + (f"eval success {success[0]:.1%}, " if success else "")
+                     + f"eval return {mean_return:.2f})")
     if summary["stopped_by"]:
         lines.append(f"resume:   python {script} --resume {summary['run_dir']}")
     print("\n".join(lines), flush=True)

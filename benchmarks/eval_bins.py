@@ -58,7 +58,7 @@ class Args:
 
 def evaluate_bins(run_dir: str, module, bins: dict[str, dict], episodes: int) -> dict[str, dict]:
     """{bin: the script's evaluate() of the run's last periodic checkpoint with the bin's env kwargs}, cached."""
-    checkpoint_path = sorted(glob.glob(os.path.join(run_dir, "checkpoint_*.pt")))[-1]
+    checkpoint_path = sorted(glob.glob(os.path.join(run_dir, "checkpoint_[0-9]*.pt")))[-1]
     cache_path = os.path.join(run_dir, f"eval_bins_{episodes}.json")
     cache = {}
     if os.path.exists(cache_path):
@@ -95,7 +95,7 @@ def main(args: Args) -> str:
         for run_dir in sorted(glob.glob(os.path.join(args.runs_dir, f"{args.env_id}__{exp_name}__*__*"))):
             with open(os.path.join(run_dir, "args.json")) as f:
                 saved = json.load(f)
-            if glob.glob(os.path.join(run_dir, "checkpoint_*.pt")):
+            if glob.glob(os.path.join(run_dir, "checkpoint_[0-9]*.pt")):
                 runs.append(dict(seed=saved["seed"], script=script_of(saved),
                                  bins=evaluate_bins(run_dir, script_module(saved), bins, args.episodes)))
         if runs:

@@ -8,8 +8,10 @@
 Every periodic checkpoint is evaluated here (the script's own --eval-checkpoint: mean action, frozen normaliser,
 fresh episodes, --episodes of them); the training-time values (with exploration noise) come from the TensorBoard
 events (TensorBoard's own reader). Plotted: the success rate for tasks that report one, else every metric of the
-task's `info["episode_metrics"]` (Go2Walk-v0: tracking errors and falls); the cube tasks' success at any step too. Writes a PNG and a Markdown table; the
-results are kept in the run directory (eval_curve_<episodes>.json), so a rerun evaluates only new checkpoints.
+task's `info["episode_metrics"]` (Go2Walk-v0: tracking errors and falls); the cube tasks' success at any step too.
+A run evaluated while it trained (--eval-interval) has its logged eval/* values beside these, at the same steps
+(equal where --eval-episodes was --episodes). Writes a PNG and a Markdown table; the results are kept in the run
+directory (eval_curve_<episodes>.json), so a rerun evaluates only new checkpoints.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from benchmarks.report import script_of  # noqa: E402
 
 # What evaluate() reports besides the task's metrics.
 GENERAL = ("episodes", "mean_return", "std_return", "mean_length", "video")
-# Metric -> (axis label, target line or None, training tag).
+# Metric -> (axis label, target line or None, training tag); a metric's tag when evaluated while training.
+EVAL_TAGS = {"success_rate": "eval/success", "mean_return": "eval/return", "mean_length": "eval/episode_length"}
 LABELS = {
     "success_rate": ("success rate", 0.95, "charts/success_rate"),
     "success_once": ("success at any step", None, "episode_metrics/success_once"),
@@ -86,7 +89,7 @@ def evaluate_checkpoints(run_dir: str, module, episodes: int, last_only: bool = 
         with open(cache_path) as f:
             cache = json.load(f)
     rows = []
-    paths = sorted(glob.glob(os.path.join(run_dir, "checkpoint_*.pt")))
+    paths = sorted(glob.glob(os.path.join(run_dir, "checkpoint_[0-9]*.pt")))
     for path in paths[-1:] if last_only else paths:
         if os.path.basename(path) not in cache:
             step = torch.load(path, map_location="cpu", weights_only=True)["global_step"]
@@ -112,6 +115,9 @@ def main(args: Args) -> str:
 
     rows = [dict(result, wall=wall_of_step.get(result["step"], float("nan")))
             for result in evaluate_checkpoints(args.run_dir, module, args.episodes)]
+    tags = events.Tags()["scalars"]
+    logged = {metric: {s.step: s.value for s in events.Scalars(EVAL_TAGS.get(metric, f"eval/{metric}"))}
+              for metric in rows[0] if EVAL_TAGS.get(metric, f"eval/{metric}") in tags}  # --eval-interval's logs
     if "success_rate" in rows[0]:  # the cube tasks also report success at any step of an episode
         metrics = [k for k in ("success_rate", "success_once") if k in rows[0]]
     else:
@@ -129,6 +135,11 @@ def main(args: Args) -> str:
         ):
             ax.plot(x_train, [s.value for s in train], label="training episodes (exploration noise)", alpha=0.7)
             ax.plot(x_eval, [r[metric] for r in rows], "o-", label=f"evaluation ({args.episodes} episodes, mean action)")
+            if metric in logged:
+                steps = sorted(logged[metric])
+                x_logged = ([s / 1e6 for s in steps] if x_label.startswith("environment")
+                            else [wall_of_step.get(s, float("nan")) / 60 for s in steps])
+                ax.plot(x_logged, [logged[metric][s] for s in steps], "x", label="evaluated while training (eval/)")
             if target is not None:
                 ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target}")
             ax.set_xlabel(x_label)
@@ -140,10 +151,14 @@ def main(args: Args) -> str:
     fig.savefig(os.path.join(args.out_dir, f"{stem}.png"), dpi=120)
 
     columns = metrics + ["mean_length", "mean_return"]
-    table = ["| iteration | steps | wall time | " + " | ".join(f"eval {c}" for c in columns) + " |",
-             "|---:|---:|---:|" + "---:|" * len(columns)]
+    logged_columns = [c for c in columns if c in logged]
+    table = ["| iteration | steps | wall time | " + " | ".join(f"eval {c}" for c in columns)
+             + "".join(f" | logged {EVAL_TAGS.get(c, f'eval/{c}')}" for c in logged_columns) + " |",
+             "|---:|---:|---:|" + "---:|" * (len(columns) + len(logged_columns))]
     table += [f"| {r['iteration']} | {r['step']:,} | {r['wall'] / 60:.1f} min | "
-              + " | ".join(f"{r[c]:.3f}" for c in columns) + " |" for r in rows]
+              + " | ".join(f"{r[c]:.3f}" for c in columns)
+              + "".join(f" | {logged[c][r['step']]:.3f}" if r["step"] in logged[c] else " | -" for c in logged_columns)
+              + " |" for r in rows]
     text = "\n".join(table) + "\n"
     with open(os.path.join(args.out_dir, f"{stem}.md"), "w") as f:
         f.write(f"Run: `{os.path.basename(os.path.normpath(args.run_dir))}`\n\n" + text)

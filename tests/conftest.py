@@ -21,7 +21,7 @@ from envs import EpisodeTracker
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("ppo_continuous", "ppo_recurrent", "ppo_transformer")
-TIMING_KEYS = ("charts/SPS", "time/rollout_s", "time/update_s")
+TIMING_KEYS = ("charts/SPS", "time/rollout_s", "time/update_s", "time/eval_s")
 
 # A loaded 2-core machine (CI beside a Genesis build or trainings) starts and runs processes many times slower than an
 # idle one: waits are on what a test needs, bounded by a deadline that only a hang reaches.

@@ -1,7 +1,7 @@
 """Data-parallel training under torchrun, on two gloo processes on the CPU (what CI has): every process keeps the
 same network, optimiser and normalisers; two processes with half the data step as one process with all of it;
-process 0 alone writes the run; a two-process run resumes exactly; a process that dies or hangs stops the other
-with one clear line. Each test starts real processes (multiprocessing's spawn, with torchrun's environment
+process 0 alone writes the run and evaluates; a two-process run resumes exactly; a process that dies or hangs stops
+the other with one clear line. Each test starts real processes (multiprocessing's spawn, with torchrun's environment
 variables), which call the scripts' own `train`, `cli` and helpers."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def tiny_flags(name: str, **overrides) -> dict:
     small = script_named(name).small
     return {**small, "total_timesteps": small["num_envs"] * small["num_steps"] * 4 * WORLD, "lr_schedule": "adaptive_kl",
             "norm_obs": True, "norm_reward": True, "env_kwargs": {"max_episode_steps": 20}, "checkpoint_interval": 2,
-            **overrides}
+            "eval_interval": 2, "eval_episodes": 3, **overrides}
 
 
 def _train_and_read_state(rank, name, flags):
@@ -109,6 +109,7 @@ def _train_and_read_state(rank, name, flags):
         "critic_norm": {k: v.clone() for k, v in (captured["critic_norm"] or torch.nn.Module()).state_dict().items()},
         "summary": {k: v for k, v in summary.items() if k != "history"},
         "episodes": sum(1 for h in summary["history"] if "charts/episodic_return" in h),
+        "evaluations": [(h["iteration"], h["eval/return"]) for h in summary["history"] if "eval/return" in h],
     }
 
 
@@ -152,6 +153,10 @@ def test_processes_that_skip_the_gradient_kl_or_normaliser_averaging_drift_apart
     assert states[1]["summary"]["run_dir"] is None
     runs = glob.glob(str(tmp_path / "runs" / "*"))
     assert len(runs) == 1 and os.path.join(tmp_path, states[0]["summary"]["run_dir"]) == runs[0]
+    # Process 0 alone evaluates (every second iteration), the others wait; the best checkpoint gathers them all.
+    assert [i for i, _ in states[0]["evaluations"]] == [2, 4] and states[1]["evaluations"] == []
+    best = torch.load(os.path.join(runs[0], "checkpoint_best.pt"), weights_only=True)
+    assert len(best["other_processes"]) == WORLD - 1 and best["iteration"] == best["best_eval"]["iteration"]
     flags = tiny_flags(name)
     assert states[0]["summary"]["global_step"] == flags["total_timesteps"]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -252,6 +257,7 @@ def test_two_process_run_resumed_from_its_checkpoint_ends_as_if_never_stopped(na
     resumed = run_processes(_train_and_read_state, name, dict(flags, resume=os.path.join(run_dir, "checkpoint_000002.pt")),
                             cwd=tmp_path)
     assert resumed[0]["summary"]["global_step"] == straight[0]["summary"]["global_step"]
+    assert resumed[0]["evaluations"] == straight[0]["evaluations"][1:]  # iteration 4's, as if never stopped
     for rank in range(WORLD):
         assert_same_state(straight[rank], resumed[rank])
 
@@ -336,7 +342,7 @@ def test_torchrun_cli_sigterm_to_one_process_stops_both_after_the_same_iteration
     checkpoint = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)
     assert checkpoint["world_size"] == 2 and len(checkpoint["other_processes"]) == 1
     assert checkpoint["global_step"] == checkpoint["iteration"] * 2 * 2 * 64 >= 2 * 2 * 2 * 64
-    saved = sorted(glob.glob(os.path.join(run_dir, "checkpoint_*.pt")))
+    saved = sorted(glob.glob(os.path.join(run_dir, "checkpoint_[0-9]*.pt")))
     assert saved[-1].endswith(f"checkpoint_{checkpoint['iteration']:06d}.pt")
     assert not checkpoint["other_processes"][0]["next_obs_raw"].equal(checkpoint["next_obs_raw"])  # its own envs
 

@@ -128,6 +128,7 @@ EXEMPT: dict[str, str] = {
     "resume": "a path: continues a run (test_resume_continues_exactly_like_an_uninterrupted_run)",
     "eval_checkpoint": "a path: evaluates instead of training",
     "eval_episodes": "evaluation only",
+    "eval_interval": "evaluation while training: never changes the run (tests/test_evaluation.py)",
     "export_checkpoint": "a path: exports instead of training (tests/test_export.py)",
     "scan_encoder_sizes": "acts on a task with a height scan alone (tests/test_go2_rough.py moves it); inert here",
     "scan_tokens": "acts on a task with a height scan alone (tests/test_go2_rough.py moves it); inert here",
@@ -140,6 +141,7 @@ UNCHANGED: dict[str, object] = {
     "exp_name": "renamed", "torch_deterministic": False, "wandb_project_name": "elsewhere", "wandb_entity": "someone",
     "wandb_group": "a-group", "video_interval": 1, "progress_bar": True, "vectorization_mode": "async",
     "torch_threads": 2, "update_threads": 2, "dist_timeout_s": 5, "checkpoint_interval": 1, "eval_episodes": 3,
+    "eval_interval": 1,
     "scan_encoder_sizes": (8,), "scan_tokens": 3,  # Pendulum has no height scan
     "compile": True,  # about 15 s of compiling per script
 }

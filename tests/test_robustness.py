@@ -87,6 +87,7 @@ CLI_CASES = [
     ("ppo_continuous", PENDULUM + ["--torch-threads", "-1"], "--torch-threads"),
     ("ppo_continuous", PENDULUM + ["--exp-name", "a/b"], "--exp-name"),
     ("ppo_continuous", PENDULUM + ["--eval-episodes", "0"], "--eval-episodes"),
+    ("ppo_recurrent", PENDULUM + ["--eval-interval", "-1"], "--eval-interval"),
     ("ppo_continuous", ["--env-id", "HalfCheeta-v5"], "Did you mean: `HalfCheetah`"),
     ("ppo_continuous", PENDULUM + ["--env-kwargs", "foo", "1"], "--env-kwargs"),
     ("ppo_continuous", ["--env-id", "FrankaReach-v0", "--env-kwargs", "foo", "1"], "--env-kwargs"),
@@ -270,7 +271,7 @@ def test_a_signal_arriving_while_the_iteration_reports_are_merged_still_stops_th
 def test_a_run_ends_saying_where_it_is_and_how_to_watch_evaluate_and_resume_it(script, in_tmp, monkeypatch, capsys,
                                                                                 stopped):
     """Bug: the default command training for minutes and ending without a word (no run directory, no next step)."""
-    args = script.args()
+    args = script.args(eval_interval=3)  # evaluated at iteration 3 and at the end, unless stopped at 2
     args.total_timesteps = 4 * args.num_envs * args.num_steps
     monkeypatch.setattr(script.module, "parse_args", lambda argv=None: args)
     if stopped:
@@ -295,6 +296,11 @@ def test_a_run_ends_saying_where_it_is_and_how_to_watch_evaluate_and_resume_it(s
     assert f"python {script.name}.py --eval-checkpoint {checkpoint} --eval-episodes 100" in out
     assert (f"python {script.name}.py --resume {run_dir}" in out) == stopped  # a finished run has nothing to resume
     assert ("stopped by SIGTERM at iteration 2" if stopped else "finished at iteration 4") in out
+    best = re.search(r"best: +(\S+) \(iteration (\d+): eval return (\S+)\)", out)  # no success on Pendulum
+    assert (best is None) == stopped
+    if best:
+        assert best.group(1) == os.path.join(run_dir, "checkpoint_best.pt") and os.path.isfile(best.group(1))
+        assert int(best.group(2)) in (3, 4)
 
 
 # ---------------------------------------------------------------- resume
