@@ -139,7 +139,7 @@ def main(args: Args) -> str:
                 steps = sorted(logged[metric])
                 x_logged = ([s / 1e6 for s in steps] if x_label.startswith("environment")
                             else [wall_of_step.get(s, float("nan")) / 60 for s in steps])
-                ax.plot(x_logged, [logged[metric][s] for s in steps], "x", label="evaluated while training (eval/)")
+                ax.plot(x_logged, [logged[metric][s] for s in steps], "x", label=f"evaluated while training (eval/, {saved.get('eval_episodes')} episodes)")
             if target is not None:
                 ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target}")
             ax.set_xlabel(x_label)
