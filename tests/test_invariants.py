@@ -787,17 +787,19 @@ def test_a_task_metric_is_averaged_over_the_episodes_it_applies_to(script, monke
 
 def test_quadruped_trains_and_logs_and_evaluates_the_task_metrics(script, in_tmp):
     """Bugs: a task's own episode metrics (tracking errors, falls) lost between info and the logs, averaged over
-    steps instead of over the episodes that ended, or missing from --eval-checkpoint's report."""
+    steps instead of over the episodes that ended, or missing from the evaluation's report (eval/*, run while
+    training by the loop --eval-checkpoint runs: tests/test_evaluation.py)."""
     args = script.args(env_id="Go2WalkNoVel-v0", num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1,
-                       total_timesteps=8 * 8 * 2, hidden_sizes=(16,), env_kwargs={"max_episode_steps": 5})
+                       total_timesteps=8 * 8 * 2, hidden_sizes=(16,), env_kwargs={"max_episode_steps": 5},
+                       eval_interval=20, eval_episodes=3)
     summary = script.module.train(args)
     for h in summary["history"]:
         # The robots drop to the ground for the 5 steps, so the error is about the commanded speed (0 to 1 m/s,
         # about 0.5 over 8 episodes); averaged over every env's steps instead, it would be about 8 times smaller.
         assert 0.2 < h["episode_metrics/lin_vel_error"] < 1.0 and h["episode_metrics/fell"] == 0.0
-    result = script.module.evaluate(summary["checkpoint"], episodes=3, device="cpu", sim_device="cpu")
-    assert result["episodes"] == 3 and result["mean_length"] == 5.0 and result["fell"] == 0.0
-    assert 0.05 < result["lin_vel_error"] < 1.0 and 0.0 < result["ang_vel_error"] < 1.0
+    result = summary["history"][-1]  # evaluated at the last iteration
+    assert result["eval/episode_length"] == 5.0 and result["eval/fell"] == 0.0
+    assert 0.05 < result["eval/lin_vel_error"] < 1.0 and 0.0 < result["eval/ang_vel_error"] < 1.0
 
 
 # ---------------------------------------------------------------- the command line
