@@ -1,5 +1,6 @@
-"""A scripted pick-and-place on FrankaPickCube-v0: can the arm, with the task's gains and actions, grasp the cube,
-carry it to the goal and be counted a success, and does the reward rise along the way?
+"""FrankaPickCube-v0 measured stage by stage, under a scripted pick-and-place or a trained policy: can the arm, with
+the task's gains and actions, grasp the cube, carry it to the goal and be counted a success, does the reward rise
+along the way, and where does a trained policy stop?
 
 No learning: Genesis's inverse kinematics gives the joint positions that put the fingertips' centre (the TCP)
 where each phase wants it (above the cube, at the cube, at the goal, gripper pointing down), and the action is the
@@ -7,10 +8,12 @@ step towards them that the task's joint-delta actions allow (at most `action_sca
 phases, in the 50-step episode: over the cube (gripper open), down to it, close, carry to the goal. Reported per
 phase: how often the task counts the cube grasped, the cube's distance to the goal, each reward term, and success at
 the end. `--finger-kp` changes the fingers' position gain (the task's is 100 N/m), `--carry-speed` caps the TCP's
-speed while carrying (m per step).
+speed while carrying (m per step). `--checkpoint` runs a ppo_continuous.py checkpoint's policy as deployed (mean
+action, frozen normaliser) instead of the script.
 
-    python benchmarks/pick_scripted.py --num-envs 64
-    python benchmarks/pick_scripted.py --num-envs 64 --finger-kp 1000 --carry-speed 0.02
+    python benchmarks/pick_probe.py --num-envs 64 --phases 10 24 30
+    python benchmarks/pick_probe.py --num-envs 64 --finger-kp 1000
+    python benchmarks/pick_probe.py --num-envs 64 --checkpoint runs/FrankaPickCube-v0__<run>/checkpoint_best.pt
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ class Args:
     """the fingers' position gain in N/m (the task's: 100)"""
     carry_speed: float = 1.0
     """the most the carrying phase moves the TCP's target per step (m); 1: straight to the goal"""
-    phases: tuple[int, int, int] = (12, 20, 26)
+    phases: tuple[int, int, int] = (10, 24, 30)
     """the steps at which the descent, the closing and the carrying start"""
+    checkpoint: str | None = None
+    """act with this ppo_continuous.py checkpoint's deployed policy instead of the script"""
 
 
 def main(args: Args) -> dict:
@@ -49,7 +54,14 @@ def main(args: Args) -> dict:
     kp = vec.robot.get_dofs_kp().clone()
     kp[..., NUM_ARM_JOINTS:] = args.finger_kp
     vec.robot.set_dofs_kp(kp[0] if kp.dim() == 2 else kp)
-    vec.reset()
+    obs, _ = vec.reset()
+    policy = None
+    if args.checkpoint:
+        import ppo_continuous
+
+        checkpoint = ppo_continuous.load_checkpoint(args.checkpoint, "--checkpoint")
+        saved = ppo_continuous.args_from_checkpoint(checkpoint)
+        policy = ppo_continuous.deployed_policy(saved, vec, checkpoint, torch.device("cpu"))
     n = args.num_envs
     down = torch.tensor((0.0, 1.0, 0.0, 0.0), device=gs.device).expand(n, 4)  # the gripper pointing down
     descend, close, carry = args.phases
@@ -68,14 +80,20 @@ def main(args: Args) -> dict:
             wanted = goal + vec.ee_pos - cube
             carried = carried + (wanted - carried).clamp(-args.carry_speed, args.carry_speed)
             target = carried
-        q = vec.robot.inverse_kinematics(link=vec.hand, pos=target, quat=down, local_point=TCP_OFFSET)
-        action = torch.zeros(n, NUM_ARM_JOINTS + 1, device=gs.device)
-        action[:, :NUM_ARM_JOINTS] = ((q[:, :NUM_ARM_JOINTS] - vec.arm_target) / vec.action_scale).clamp(-1, 1)
-        action[:, NUM_ARM_JOINTS] = gripper
-        _, reward, _, truncated, info = vec.step(action)
+        if policy is not None:
+            with torch.inference_mode():
+                (action,) = policy(obs)
+        else:
+            q = vec.robot.inverse_kinematics(link=vec.hand, pos=target, quat=down, local_point=TCP_OFFSET)
+            action = torch.zeros(n, NUM_ARM_JOINTS + 1, device=gs.device)
+            action[:, :NUM_ARM_JOINTS] = ((q[:, :NUM_ARM_JOINTS] - vec.arm_target) / vec.action_scale).clamp(-1, 1)
+            action[:, NUM_ARM_JOINTS] = gripper
+        obs, reward, _, truncated, info = vec.step(action)
         row = {"step": step, "reward": reward.mean().item(), "grasped": vec.grasped.float().mean().item(),
-               "cube_goal_m": vec.cube_to_goal.norm(dim=-1).mean().item(), "cube_z_m": vec.cube_pos[:, 2].mean().item(),
-               "joint_speed": vec.qd.norm(dim=-1).mean().item(),
+               "cube_goal_m": vec.cube_to_goal.norm(dim=-1).mean().item(),
+               "horizontal_m": vec.cube_to_goal[:, :2].norm(dim=-1).mean().item(),
+               "vertical_m": vec.cube_to_goal[:, 2].abs().mean().item(), "cube_z_m": vec.cube_pos[:, 2].mean().item(),
+               "joint_speed": vec.qd.norm(dim=-1).mean().item(), "gripper_action": action[:, -1].mean().item(),
                **{k: v.mean().item() for k, v in info["reward_terms"].items()}}
         if truncated.all():
             final = info["final_obs"]  # goal (40-42) and goal minus cube (46-48) on the episode's last step
@@ -84,7 +102,8 @@ def main(args: Args) -> dict:
             row["success_once"] = info["episode_metrics"]["success_once"].float().mean().item()
         rows.append(row)
     vec.close()
-    keys = ["reward", "grasped", "cube_goal_m", "cube_z_m", "joint_speed", *info["reward_terms"]]
+    keys = ["reward", "grasped", "cube_goal_m", "horizontal_m", "vertical_m", "cube_z_m", "joint_speed", "gripper_action",
+            *info["reward_terms"]]
     print("| step | " + " | ".join(keys) + " |")
     print("|---:|" + "---:|" * len(keys))
     for row in rows:
@@ -94,8 +113,9 @@ def main(args: Args) -> dict:
     failed = last["final_distance"] >= vec.goal_threshold
     for distance, goal in zip(last["final_distance"][failed].tolist(), last["goal"][failed].tolist()):
         print(f"missed by {distance:.3f} m: goal at ({goal[0]:.2f}, {goal[1]:.2f}, {goal[2]:.2f})")
+    acting = f"checkpoint {args.checkpoint}" if policy is not None else f"carry speed {args.carry_speed} m/step"
     print(f"success at the end: {last['success']:.1%}, at any step: {last['success_once']:.1%} "
-          f"({n} episodes, finger kp {args.finger_kp}, carry speed {args.carry_speed} m/step)")
+          f"({n} episodes, finger kp {args.finger_kp}, {acting})")
     return last
 
 
