@@ -332,3 +332,25 @@ def test_the_randomised_cube_task_critic_sees_the_drawn_mass_and_frictions(scene
     assert truncated.all() and not torch.allclose(rand.dynamics, before)
     torch.testing.assert_close(info["critic_obs"], torch.cat([obs, rand.dynamics], dim=-1))
     torch.testing.assert_close(info["final_critic_obs"], torch.cat([info["final_obs"], before], dim=-1))
+
+
+def test_the_fine_place_term_is_steep_near_the_goal_and_paid_only_while_grasped(scenes, monkeypatch):
+    """Bugs: the fine-grained goal term (`place_fine_weight`, Isaac Lab's lift: 1 - tanh(d / 0.05)) at the coarse
+    term's scale, paid for a cube lying on the table, or left out of the reward; off by default."""
+    pick = scenes["FrankaPickCube-v0"]
+    pick.reset(seed=4)
+    assert "place_fine" not in pick.step(torch.zeros(4, 8))[4]["reward_terms"]  # the task unchanged by default
+    monkeypatch.setitem(pick.weights, "place_fine", 2.0)
+    close = torch.zeros(4, 8)
+    close[:, 7] = -1.0
+    pick.cube.set_pos(pick.ee_pos[:2], envs_idx=torch.tensor([0, 1]))  # two cubes between the open fingers
+    grasped_seen = False
+    for _ in range(6):
+        _, reward, _, _, info = pick.step(close)
+        distance = pick.cube_to_goal.norm(dim=-1)
+        expected = 2.0 * (1 - torch.tanh(distance / 0.05)) * pick.grasped.float()
+        torch.testing.assert_close(info["reward_terms"]["place_fine"], expected)
+        torch.testing.assert_close(sum(info["reward_terms"].values()), reward)
+        grasped_seen |= bool(pick.grasped[:2].any())
+        assert (info["reward_terms"]["place_fine"][~pick.grasped] == 0).all()
+    assert grasped_seen and not pick.grasped[2:].any()  # the other cubes lie on the table, unpaid
