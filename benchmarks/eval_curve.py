@@ -37,8 +37,7 @@ from benchmarks.report import script_of  # noqa: E402
 
 # What evaluate() reports besides the task's metrics.
 GENERAL = ("episodes", "mean_return", "std_return", "mean_length", "video")
-# Metric -> (axis label, target line or None, training tag); a metric's tag when evaluated while training.
-EVAL_TAGS = {"success_rate": "eval/success", "mean_return": "eval/return", "mean_length": "eval/episode_length"}
+# Metric -> (axis label, target line or None, training tag).
 LABELS = {
     "success_rate": ("success rate", 0.95, "charts/success_rate"),
     "success_once": ("success at any step", None, "episode_metrics/success_once"),
@@ -116,8 +115,9 @@ def main(args: Args) -> str:
     rows = [dict(result, wall=wall_of_step.get(result["step"], float("nan")))
             for result in evaluate_checkpoints(args.run_dir, module, args.episodes)]
     tags = events.Tags()["scalars"]
-    logged = {metric: {s.step: s.value for s in events.Scalars(EVAL_TAGS.get(metric, f"eval/{metric}"))}
-              for metric in rows[0] if EVAL_TAGS.get(metric, f"eval/{metric}") in tags}  # --eval-interval's logs
+    eval_tag = {metric: module.EVAL_NAMES.get(metric, f"eval/{metric}") for metric in rows[0]}  # as the script logs
+    logged = {metric: {s.step: s.value for s in events.Scalars(tag)}
+              for metric, tag in eval_tag.items() if tag in tags}  # --eval-interval's logs
     if "success_rate" in rows[0]:  # the cube tasks also report success at any step of an episode
         metrics = [k for k in ("success_rate", "success_once") if k in rows[0]]
     else:
@@ -153,7 +153,7 @@ def main(args: Args) -> str:
     columns = metrics + ["mean_length", "mean_return"]
     logged_columns = [c for c in columns if c in logged]
     table = ["| iteration | steps | wall time | " + " | ".join(f"eval {c}" for c in columns)
-             + "".join(f" | logged {EVAL_TAGS.get(c, f'eval/{c}')}" for c in logged_columns) + " |",
+             + "".join(f" | logged {eval_tag[c]}" for c in logged_columns) + " |",
              "|---:|---:|---:|" + "---:|" * (len(columns) + len(logged_columns))]
     table += [f"| {r['iteration']} | {r['step']:,} | {r['wall'] / 60:.1f} min | "
               + " | ".join(f"{r[c]:.3f}" for c in columns)
