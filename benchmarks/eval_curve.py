@@ -59,6 +59,8 @@ class Args:
     """the script that trained the run (None: recognised from its args.json)"""
     stem: str | None = None
     """file name of the PNG and the table (None: franka_reach_success[_script] for the arm, else env_script_eval)"""
+    success_target: float = 0.95
+    """the success rate drawn as the target line (FrankaReach-v0's 0.95; a task's own target, e.g. 0.8 for picking)"""
 
 
 def default_stem(env_id: str, script: str) -> str:
@@ -127,6 +129,7 @@ def main(args: Args) -> str:
     fig, axes = plt.subplots(len(metrics), 2, figsize=(11, 3.6 * len(metrics)), sharey="row", squeeze=False)
     for row_axes, metric in zip(axes, metrics):
         label, target, tag = LABELS.get(metric, (metric, None, f"episode_metrics/{metric}"))
+        target = args.success_target if metric == "success_rate" else target
         train = events.Scalars(tag) if tag in events.Tags()["scalars"] else []
         for ax, x_train, x_eval, x_label in (
             (row_axes[0], [s.step / 1e6 for s in train], [r["step"] / 1e6 for r in rows], "environment steps (millions)"),
