@@ -277,6 +277,7 @@ class FrankaPickCubeVecEnv(FrankaCubeVecEnv):
         goal_height_range: tuple[float, float] = (0.05, 0.3),
         goal_threshold: float = 0.025,
         still_threshold: float = 0.2,
+        still_speed_scale: float = 5.0,
         reach_weight: float = 1.0,
         grasp_weight: float = 1.0,
         place_weight: float = 1.0,
@@ -290,6 +291,7 @@ class FrankaPickCubeVecEnv(FrankaCubeVecEnv):
         render_mode: str | None = None,
     ):
         self.goal_threshold, self.still_threshold = goal_threshold, still_threshold
+        self.still_speed_scale = still_speed_scale
         self.weights = {"reach": reach_weight, "grasp": grasp_weight, "place": place_weight,
                         "place_fine": place_fine_weight, "still": still_weight,
                         "success": success_weight}
@@ -361,7 +363,9 @@ class FrankaPickCubeVecEnv(FrankaCubeVecEnv):
             # where `place` is nearly flat. Reported only when weighted.
             **({"place_fine": w["place_fine"] * closeness(4.0 * self.cube_to_goal.norm(dim=-1)) * grasped}
                if w["place_fine"] else {}),
-            "still": w["still"] * closeness(joint_speed) * placed,
+            # ManiSkill3's 1 - tanh(5 |q'|) at the default scale: flat above about 0.5 rad/s, so an arm at the goal
+            # moving faster is not paid for slowing; a smaller scale pays it from there.
+            "still": w["still"] * (1.0 - torch.tanh(self.still_speed_scale * joint_speed)) * placed,
             "success": w["success"] * self.solved.float(),
             **self._common_terms(),
         }

@@ -354,3 +354,23 @@ def test_the_fine_place_term_is_steep_near_the_goal_and_paid_only_while_grasped(
         grasped_seen |= bool(pick.grasped[:2].any())
         assert (info["reward_terms"]["place_fine"][~pick.grasped] == 0).all()
     assert grasped_seen and not pick.grasped[2:].any()  # the other cubes lie on the table, unpaid
+
+
+@pytest.mark.parametrize("scale", [5.0, 1.0])
+def test_the_still_term_follows_its_speed_scale_and_is_paid_only_at_the_goal(scenes, monkeypatch, scale):
+    """Bugs: `still_speed_scale` ignored (the term stuck at ManiSkill's 1 - tanh(5 |q'|)), the default moved off
+    ManiSkill's, or stillness paid away from the goal."""
+    pick = scenes["FrankaPickCube-v0"]
+    assert pick.still_speed_scale == 5.0
+    monkeypatch.setattr(pick, "still_speed_scale", scale)
+    pick.reset(seed=5)
+    pick.cube.set_pos(pick.goal_pos[:2], envs_idx=torch.tensor([0, 1]))  # two cubes at the goal, falling from it
+    action = torch.zeros(4, 8)
+    action[:, 0] = 1.0  # the arm moving
+    _, reward, _, _, info = pick.step(action)
+    placed = pick.cube_to_goal.norm(dim=-1) < pick.goal_threshold
+    assert placed[:2].all() and not placed[2:].any() and (pick.qd.norm(dim=-1) > 0.05).all()
+    expected = (1 - torch.tanh(scale * pick.qd.norm(dim=-1))) * placed
+    torch.testing.assert_close(info["reward_terms"]["still"], expected)
+    assert (expected[:2] > 0).all()
+    torch.testing.assert_close(sum(info["reward_terms"].values()), reward)
