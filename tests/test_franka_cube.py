@@ -356,12 +356,13 @@ def test_the_fine_place_term_is_steep_near_the_goal_and_paid_only_while_grasped(
     assert grasped_seen and not pick.grasped[2:].any()  # the other cubes lie on the table, unpaid
 
 
-@pytest.mark.parametrize("scale", [5.0, 1.0])
+@pytest.mark.parametrize("scale", [1.0, 5.0])
 def test_the_still_term_follows_its_speed_scale_and_is_paid_only_at_the_goal(scenes, monkeypatch, scale):
-    """Bugs: `still_speed_scale` ignored (the term stuck at ManiSkill's 1 - tanh(5 |q'|)), the default moved off
-    ManiSkill's, or stillness paid away from the goal."""
+    """Bugs: `still_speed_scale` ignored (the term stuck at one scale), the default back at ManiSkill's 5 (flat where
+    a trained arm sits at the goal at 1-2 rad/s: 64% success at 5M steps against 98% at 1), or stillness paid away
+    from the goal."""
     pick = scenes["FrankaPickCube-v0"]
-    assert pick.still_speed_scale == 5.0
+    assert pick.still_speed_scale == 1.0
     monkeypatch.setattr(pick, "still_speed_scale", scale)
     pick.reset(seed=5)
     pick.cube.set_pos(pick.goal_pos[:2], envs_idx=torch.tensor([0, 1]))  # two cubes at the goal, falling from it
