@@ -134,6 +134,12 @@ class Args:
     """tokens each observation is projected into"""
     token_dim: int = 16
     """width of a token (the transformer's model dimension)"""
+    memory_tokens: int = 0
+    """memory mode: tokens carried step to step, read and rewritten by attention, reset at episode starts (0: none)"""
+    bptt_len: int = 0
+    """memory mode: steps per training sequence, the memory recomputed along it (truncated BPTT; 0: whole rollout)"""
+    recompute_memory: bool = False
+    """memory mode: before each epoch after the first, recompute the memory entering each sequence (current weights)"""
     num_heads: int = 2
     """attention heads per layer (must divide --token-dim)"""
     num_layers: int = 2
@@ -197,8 +203,8 @@ class Args:
     """processes training together (torchrun's WORLD_SIZE)"""
     batch_size: tyro.conf.Suppress[int] = 0
     """one process's batch: num_envs * num_steps"""
-    minibatch_size: tyro.conf.Suppress[int] = 0
-    """batch_size // num_minibatches"""
+    num_sequences: tyro.conf.Suppress[int] = 0
+    """sequences a batch is cut into: num_envs * num_steps // bptt_len (bptt_len 1 without memory: single steps)"""
     num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // (batch_size * world_size)"""
 
@@ -304,7 +310,11 @@ class Block(nn.Module):
                 scores = scores.masked_fill(~mask, float("-inf"))
             weights = scores.softmax(-1)
             entropy = -(weights * weights.clamp_min(1e-12).log()).sum(-1)  # (B, heads, L)
-            diagnostics["attention_entropy"].append(entropy[:, :, -diagnostics["current_tokens"]:].mean((0, 2)))
+            current = slice(L - diagnostics["current_tokens"], L)  # the current step's tokens, as queries
+            diagnostics["attention_entropy"].append(entropy[:, :, current].mean((0, 2)))
+            if diagnostics["memory_tokens"]:  # how much of what they read comes from the memory (the first tokens)
+                memory_weights = weights[:, :, current, : diagnostics["memory_tokens"]]
+                diagnostics["memory_share"].append(memory_weights.sum(-1).mean((0, 2)))
             y = weights @ v
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
@@ -327,6 +337,11 @@ class TransformerAgent(nn.Module):
     Inputs are windows (B, K, obs_dim) whose last step is the current one, with `valid` (B, K) marking the steps
     of the current episode. Tokens of other steps are masked as keys; the current step is always valid, so no
     query row is ever fully masked and attention never produces NaN.
+
+    Memory mode (--memory-tokens P): P memory tokens (B, P, D) enter each step beside the window's tokens, are
+    attended together with them, and their outputs, layer-normed, are the memory the next step reads; an episode's
+    first step reads the learned `memory_init` instead. The memory is recurrent state: the update reruns it through
+    sequences of steps (`sequence_features`), as the recurrent script reruns its GRU.
     """
 
     def __init__(self, args: Args, obs_space, action_space, critic_obs_space=None, scan_size: int = 0):
@@ -345,6 +360,11 @@ class TransformerAgent(nn.Module):
         if scan_size:
             self.scan_embed = mlp(scan_size, args.scan_encoder_sizes, S * D, args.activation, out_std=1.0)
         self.position = nn.Parameter(0.02 * torch.randn(K * M, D))  # a learned position encoding over the window
+        self.memory_tokens = P = args.memory_tokens
+        if P:  # the memory an episode starts from, on the scale of a layer-normed token, and where each token sits
+            self.memory_init = nn.Parameter(torch.randn(P, D))
+            self.memory_position = nn.Parameter(0.02 * torch.randn(P, D))
+            self.memory_norm = nn.LayerNorm(D)  # the written memory stays bounded however long the episode
         self.blocks = nn.ModuleList(
             Block(D, args.num_heads, args.ff_mult, args.pre_ln, args.gated, args.small_init) for _ in range(args.num_layers)
         )
@@ -360,8 +380,11 @@ class TransformerAgent(nn.Module):
         self.register_buffer("action_low", torch.as_tensor(action_space.low, dtype=torch.float32))
         self.register_buffer("action_high", torch.as_tensor(action_space.high, dtype=torch.float32))
 
-    def features(self, windows: torch.Tensor, valid: torch.Tensor, diagnostics: dict | None = None) -> torch.Tensor:
-        """(B, K, obs_dim) windows -> (B, M * D) features of the current step's tokens."""
+    def read(self, windows: torch.Tensor, valid: torch.Tensor, memory: torch.Tensor | None = None,
+             diagnostics: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One step: (B, K, obs_dim) windows and, in memory mode, the (B, P, D) memory entering the step (already
+        reset where an episode starts: `reset_memory`) -> (B, M * D) features of the current step's tokens, and the
+        memory after the step (None without memory)."""
         B = windows.shape[0]
         if self.scan_size:
             embedded = torch.cat([self.embed(windows[..., :-self.scan_size]),
@@ -370,27 +393,74 @@ class TransformerAgent(nn.Module):
             embedded = self.embed(windows)
         tokens = embedded.view(B, self.context_len * self.num_tokens, self.token_dim) + self.position
         key_mask = valid.repeat_interleave(self.num_tokens, dim=1) if self.context_len > 1 else None
+        P = 0 if memory is None else self.memory_tokens
+        if P:  # the memory first: every step's tokens and the memory attend to each other
+            tokens = torch.cat([memory + self.memory_position, tokens], 1)
+            if key_mask is not None:
+                key_mask = torch.cat([key_mask.new_ones(B, P), key_mask], 1)
         if diagnostics is not None:
-            diagnostics["current_tokens"] = self.num_tokens
+            diagnostics.update(current_tokens=self.num_tokens, memory_tokens=P)
         for block in self.blocks:
             tokens = block(tokens, key_mask, diagnostics)
-        return self.final_norm(tokens[:, -self.num_tokens:]).flatten(1)
+        features = self.final_norm(tokens[:, -self.num_tokens:]).flatten(1)
+        return features, (self.memory_norm(tokens[:, :P]) if P else None)
 
-    def value(self, features: torch.Tensor | None, windows: torch.Tensor,
+    def features(self, windows: torch.Tensor, valid: torch.Tensor, memory: torch.Tensor | None = None,
+                 diagnostics: dict | None = None) -> torch.Tensor:
+        """(B, K, obs_dim) windows (and the memory entering the step) -> (B, M * D) features of the current step."""
+        return self.read(windows, valid, memory, diagnostics)[0]
+
+    def reset_memory(self, memory: torch.Tensor, starts: torch.Tensor | None) -> torch.Tensor:
+        """The memory a step reads: `memory_init` where it starts an episode (starts (B,) True), else the carried
+        one. Applied when the memory is read, not when an episode ends, so the update trains `memory_init` too."""
+        return memory if starts is None else torch.where(starts[:, None, None], self.memory_init, memory)
+
+    def sequence_features(self, windows: torch.Tensor, valid: torch.Tensor, memory: torch.Tensor | None = None,
+                          starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(L, B, K, obs_dim) windows of L consecutive steps of B sequences -> (L, B, M * D) features and the memory
+        after the last step. Memory mode runs the steps in order from `memory` (B, P, D), the memory entering the
+        first step, reset where starts (L, B) marks an episode's first step; without memory the L * B windows do not
+        depend on each other and run as one batch."""
+        L, B = windows.shape[:2]
+        if memory is None:
+            return self.features(windows.flatten(0, 1), valid.flatten(0, 1)).view(L, B, -1), None
+        outputs = []
+        for t in range(L):
+            features, memory = self.read(windows[t], valid[t], self.reset_memory(memory, starts[t]))
+            outputs.append(features)
+        return torch.stack(outputs), memory
+
+    @torch.no_grad()
+    def sequence_start_memories(self, windows, valid, memory, starts, L: int) -> torch.Tensor:
+        """The memory entering each L-step chunk of a (T, N) rollout that started from `memory` (N, P, D), rerun with
+        the current weights, as (T / L * N, P, D) in the order of the update's sequences."""
+        chunk_memories = []
+        for chunk in range(windows.shape[0] // L):
+            chunk_memories.append(memory)
+            steps = slice(chunk * L, (chunk + 1) * L)
+            _, memory = self.sequence_features(windows[steps], valid[steps], memory, starts[steps])
+        return torch.cat(chunk_memories)
+
+    def value(self, features: torch.Tensor | None, obs: torch.Tensor,
               critic_obs: torch.Tensor | None = None) -> torch.Tensor:
+        """V from the transformer's features, the current observation `obs` (the MLP critic) or `critic_obs`."""
         if self.privileged:
             return self.critic(critic_obs).squeeze(-1)
-        return self.critic(features if self.shared_critic else windows[:, -1]).squeeze(-1)
+        return self.critic(features if self.shared_critic else obs).squeeze(-1)
 
     def is_critic(self, name: str) -> bool:
         """Whether a parameter serves the value alone (its MLP; a shared critic's trunk trains with the actor)."""
         return name.startswith("critic")
 
-    def get_value(self, windows: torch.Tensor, valid: torch.Tensor,
-                  critic_obs: torch.Tensor | None = None) -> torch.Tensor:
-        """V of the windows' current steps (the MLP critic reads the current observation alone, or a privileged
-        critic `critic_obs`: no attention)."""
-        return self.value(self.features(windows, valid) if self.shared_critic else None, windows, critic_obs)
+    def get_value(self, windows: torch.Tensor, valid: torch.Tensor, critic_obs: torch.Tensor | None = None,
+                  memory: torch.Tensor | None = None, starts: torch.Tensor | None = None) -> torch.Tensor:
+        """V of the windows' current steps (B, K, obs_dim), after `memory` in memory mode (reset where `starts`); the
+        memory itself is left to the caller, unchanged. The MLP critic reads the current observation alone, or a
+        privileged critic `critic_obs`: no attention."""
+        if not self.shared_critic:
+            return self.value(None, windows[:, -1], critic_obs)
+        memory = None if memory is None else self.reset_memory(memory, starts)
+        return self.value(self.features(windows, valid, memory), windows[:, -1], critic_obs)
 
     def log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """log-density of the raw sample under N(mean, exp(log_std)), with the tanh correction if squashed. Closed
@@ -404,23 +474,36 @@ class TransformerAgent(nn.Module):
         return log_prob
 
     def get_action_and_value(self, windows: torch.Tensor, valid: torch.Tensor, action: torch.Tensor | None = None,
-                             critic_obs: torch.Tensor | None = None):
-        """(action, log-prob, entropy, value): a new sample when `action` is None, else the given one scored; a
-        privileged critic values `critic_obs`."""
-        features = self.features(windows, valid)
+                             critic_obs: torch.Tensor | None = None, memory: torch.Tensor | None = None,
+                             starts: torch.Tensor | None = None):
+        """(action, log-prob, entropy, value), and in memory mode the memory after the last step: a new sample when
+        `action` is None, else the given one scored; a privileged critic values `critic_obs`. One step of B envs
+        (windows (B, K, obs_dim), memory (B, P, D), starts (B,)) or, for the update, sequences of L steps
+        (windows (L, B, K, obs_dim), starts (L, B), the memory entering their first step)."""
+        single_step = windows.dim() == 3
+        if single_step:  # a sequence of one step
+            windows, valid = windows[None], valid[None]
+            action, critic_obs, starts = (None if x is None else x[None] for x in (action, critic_obs, starts))
+        features, next_memory = self.sequence_features(windows, valid, memory, starts)
         mean = self.actor_mean(features)
         if action is None:
             action = mean + self.actor_logstd.exp() * torch.randn_like(mean)
         entropy = (self.actor_logstd + 0.5 + HALF_LOG_2PI).sum(-1).expand(mean.shape[:-1])
-        return action, self.log_prob(mean, action), entropy, self.value(features, windows, critic_obs)
+        outputs = action, self.log_prob(mean, action), entropy, self.value(features, windows[:, :, -1], critic_obs)
+        if single_step:
+            outputs = tuple(x[0] for x in outputs)
+        return outputs if memory is None else (*outputs, next_memory)
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         if self.transform == "tanh":
             return self.action_low + (torch.tanh(action) + 1) * (self.action_high - self.action_low) / 2
         return action.clamp(self.action_low, self.action_high)
 
-    def mean_action(self, windows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        return self.env_action(self.actor_mean(self.features(windows, valid)))
+    def mean_action(self, windows: torch.Tensor, valid: torch.Tensor,
+                    memory: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The env's action for the mean of the policy, and the memory after the step (None without memory)."""
+        features, memory = self.read(windows, valid, memory)
+        return self.env_action(self.actor_mean(features)), memory
 
 
 def build_agent(args: Args, vec, device: torch.device) -> tuple[TransformerAgent, ObsNormalizer, ObsNormalizer | None]:
@@ -437,12 +520,24 @@ def build_agent(args: Args, vec, device: torch.device) -> tuple[TransformerAgent
 
 class Context:
     """Each env's last K observations (the current one last) and the episode id of each, carried across
-    steps and rollouts; `valid` marks the steps of the current episode."""
+    steps and rollouts; `valid` marks the steps of the current episode. In memory mode also the memory the last
+    step wrote, (N, P, D), and the episode it was written in: a step of another episode starts from memory_init."""
 
-    def __init__(self, num_envs: int, context_len: int, obs_dim: int, device: torch.device):
+    def __init__(self, num_envs: int, context_len: int, obs_dim: int, device: torch.device,
+                 memory_shape: tuple[int, int] | None = None):
         self.obs = torch.zeros(num_envs, context_len, obs_dim, device=device)
         self.episode = torch.full((num_envs, context_len), -1, dtype=torch.long, device=device)
         self.episode_id = torch.zeros(num_envs, dtype=torch.long, device=device)  # of the next observation
+        self.memory = None if memory_shape is None else torch.zeros(num_envs, *memory_shape, device=device)
+        self.memory_episode = torch.full((num_envs,), -1, dtype=torch.long, device=device)
+
+    def memory_starts(self) -> torch.Tensor:
+        """Which envs' next step (the observation pushed last, or about to be) starts an episode: memory_init."""
+        return self.memory_episode != self.episode_id
+
+    def write_memory(self, memory: torch.Tensor) -> None:
+        """The memory after the current step (call before end_episodes)."""
+        self.memory, self.memory_episode = memory, self.episode_id.clone()
 
     def push(self, obs: torch.Tensor) -> None:
         self.obs = torch.cat([self.obs[:, 1:], obs[:, None]], 1)
@@ -462,11 +557,14 @@ class Context:
         self.episode_id += done
 
     def state_dict(self) -> dict:
-        return {"obs": self.obs.cpu(), "episode": self.episode.cpu(), "episode_id": self.episode_id.cpu()}
+        state = {"obs": self.obs, "episode": self.episode, "episode_id": self.episode_id}
+        if self.memory is not None:
+            state.update(memory=self.memory, memory_episode=self.memory_episode)
+        return {key: value.cpu() for key, value in state.items()}
 
     def load_state_dict(self, state: dict) -> None:
-        device = self.obs.device
-        self.obs, self.episode, self.episode_id = (state[k].to(device) for k in ("obs", "episode", "episode_id"))
+        for key, value in state.items():
+            setattr(self, key, value.to(self.obs.device))
 
 
 def final_windows(windows, valid, final_obs):
@@ -485,6 +583,13 @@ def rollout_windows(context_obs, context_episode, obs, episode):
     windows = all_obs.unfold(0, K, 1).permute(0, 1, 3, 2)  # window of step t: steps t .. t + K - 1 of all_obs
     window_episode = all_episode.unfold(0, K, 1)
     return windows, window_episode == window_episode[..., -1:]
+
+
+def to_sequences(x: torch.Tensor, L: int) -> torch.Tensor:
+    """(T, N, ...) rollout tensors -> (L, T/L * N, ...) sequences: sequence c * N + n holds env n's steps
+    cL .. cL + L - 1 (with L = 1, the steps in the rollout's order)."""
+    T, N = x.shape[:2]
+    return x.view(T // L, L, N, *x.shape[2:]).transpose(0, 1).reshape(L, T // L * N, *x.shape[2:])
 
 
 def compute_gae(rewards, values, last_value, final_values, terminated, truncated, gamma, gae_lambda):
@@ -518,11 +623,14 @@ def normalise_advantages(advantages: torch.Tensor, args: Args) -> torch.Tensor:
     return (advantages - mean) / (std + 1e-8)
 
 
-def ppo_loss(agent, windows, valid, actions, old_logprobs, advantages, returns, old_values, critic_obs, args: Args):
-    """The clipped PPO objective on one minibatch of steps, each seen through its window; returns (loss, stats).
-    Advantages are normalised here when per minibatch; returns are the value targets as they are. `critic_obs`: a
-    privileged critic's observations, or None."""
-    _, new_logprobs, entropy, new_values = agent.get_action_and_value(windows, valid, actions, critic_obs)
+def ppo_loss(agent, windows, valid, memory, starts, actions, old_logprobs, advantages, returns, old_values, critic_obs,
+             args: Args):
+    """The clipped PPO objective on one minibatch of (L, B) sequences of steps, each step seen through its window
+    and, in memory mode, the memory rerun along the sequence from `memory` (B, P, D), reset where `starts`; else
+    memory and starts are None (and L is 1). Returns (loss, stats). Advantages are normalised here when per
+    minibatch; returns are the value targets as they are. `critic_obs`: a privileged critic's observations, or None."""
+    new_logprobs, entropy, new_values = agent.get_action_and_value(windows, valid, actions, critic_obs, memory,
+                                                                   starts)[1:4]
     logratio = new_logprobs - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv and args.norm_adv_per_minibatch:
@@ -611,23 +719,34 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple,
-           args: Args) -> tuple[dict, int]:
-    """PPO's epochs of minibatch steps on one rollout: `batch` = (windows, valid, actions, logprobs, advantages,
-    returns, values, critic_obs or None), flat over steps. Returns the losses' means and the first minibatch's
-    diagnostics (as logged), and the epochs done."""
+           memory: torch.Tensor | None, args: Args) -> tuple[dict, int]:
+    """PPO's epochs on one rollout cut into sequences of --bptt-len steps (single steps without memory), a minibatch
+    being a set of sequences: `batch` = (windows, valid, starts or None, actions, logprobs, advantages, returns,
+    values, critic_obs or None), each (num_steps, num_envs, ...), and `memory` the memory carried into each step
+    (memory mode) or None. Returns the losses' means and the first minibatch's diagnostics (as logged), and the
+    epochs done."""
+    L = args.bptt_len
+    if args.norm_adv and not args.norm_adv_per_minibatch:
+        batch = (*batch[:5], normalise_advantages(batch[5], args), *batch[6:])
+    # windows, valid, starts, actions, logprobs, advantages, returns, values, critic_obs
+    sequences = [x if x is None else to_sequences(x, L) for x in batch]
+    start_memory = None if memory is None else memory[::L].flatten(0, 1)  # entering each sequence's first step
+    sequences_per_minibatch = args.num_sequences // args.num_minibatches
     stat_sums: dict[str, torch.Tensor] = {}
     num_updates = 0
-    if args.norm_adv and not args.norm_adv_per_minibatch:
-        batch = (*batch[:4], normalise_advantages(batch[4], args), *batch[5:])
     # rsl_rl clips each network's gradient on its own: a large value error then cannot shrink the policy's step
     networks = [[p for name, p in agent.named_parameters() if agent.is_critic(name) == is_critic]
                 for is_critic in (False, True)] if args.clip_grad_per_network else [list(agent.parameters())]
     for epoch in range(args.update_epochs):
-        permutation = torch.randperm(args.batch_size, device=batch[0].device)
-        for start in range(0, args.batch_size, args.minibatch_size):
-            idx = permutation[start : start + args.minibatch_size]
-            # index_select, not x[idx]: the same rows at a third to a quarter of the cost on the CPU
-            loss, stats = loss_fn(agent, *(x if x is None else x.index_select(0, idx) for x in batch), args)
+        if args.recompute_memory and epoch > 0:  # the stored memories came from the rollout's weights
+            start_memory = agent.sequence_start_memories(batch[0], batch[1], memory[0], batch[2], L)
+        permutation = torch.randperm(args.num_sequences, device=batch[0].device)
+        for start in range(0, args.num_sequences, sequences_per_minibatch):
+            idx = permutation[start : start + sequences_per_minibatch]
+            # index_select, not x[:, idx]: the same sequences at a third to a quarter of the cost on the CPU
+            windows, valid, starts, *rest = (x if x is None else x.index_select(1, idx) for x in sequences)
+            memory_in = None if start_memory is None else start_memory.index_select(0, idx)
+            loss, stats = loss_fn(agent, windows, valid, memory_in, starts, *rest, args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             # torchrun: every process steps with the mean gradient and, for the adaptive rate and the early stop,
@@ -777,6 +896,8 @@ class RolloutBuffers:
     final_critic_obs: torch.Tensor | None = None
     windows: torch.Tensor | None = None  # every step's window of K observations (T, N, K, obs_dim), and which are
     valid: torch.Tensor | None = None  # of its episode (T, N, K)
+    memory: torch.Tensor | None = None  # memory mode: the memory carried into each step (T, N, P, D), before the
+    starts: torch.Tensor | None = None  # reset at the steps that start an episode (T, N)
 
     @classmethod
     def allocate(cls, args: Args, vec, device: torch.device, critic_obs_dim: int = 0) -> RolloutBuffers:
@@ -784,9 +905,11 @@ class RolloutBuffers:
         obs_dim, act_dim = vec.single_observation_space.shape[0], vec.single_action_space.shape[0]
         buf = lambda *shape, dtype=torch.float32: torch.zeros((T, N, *shape), dtype=dtype, device=device)  # noqa: E731
         critic = dict(critic_obs=buf(critic_obs_dim), final_critic_obs=buf(critic_obs_dim)) if critic_obs_dim else {}
+        memory = dict(memory=buf(args.memory_tokens, args.token_dim), starts=buf(dtype=torch.bool)) if (
+            args.memory_tokens) else {}
         return cls(obs=buf(obs_dim), final_obs=buf(obs_dim), actions=buf(act_dim), episode=buf(dtype=torch.long),
                    logprobs=buf(), rewards=buf(), values=buf(), terminated=buf(dtype=torch.bool),
-                   truncated=buf(dtype=torch.bool), **critic)
+                   truncated=buf(dtype=torch.bool), **critic, **memory)
 
 
 @torch.inference_mode()
@@ -795,8 +918,8 @@ def collect_rollout(agent: TransformerAgent, get_action_and_value, obs_norm: Obs
                     reports: RolloutReports, run: Run, global_step: int, iteration: int,
                     args: Args) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Steps the envs num_steps times with the policy (`get_action_and_value`: the agent's, compiled or not), from
-    where the last rollout ended (`carry`: the last observation and each env's context, moved on to where this one
-    ends), filling `rollout` (its windows last) and `reports`; with a critic normaliser, the critic's own
+    where the last rollout ended (`carry`: the last observation and each env's context and memory, moved on to where
+    this one ends), filling `rollout` (its windows last) and `reports`; with a critic normaliser, the critic's own
     observations too. Returns the normalised observation after the last step, and the critic's (None without one)."""
     T, N = args.num_steps, args.num_envs
     next_obs, context = obs_norm(carry["next_obs_raw"]), carry["context"]
@@ -809,7 +932,14 @@ def collect_rollout(agent: TransformerAgent, get_action_and_value, obs_norm: Obs
             rollout.critic_obs[step] = next_critic_obs
         context.push(next_obs)
         rollout.episode[step] = context.episode_id
-        action, logprob, _, value = get_action_and_value(context.obs, context.valid(), None, next_critic_obs)
+        if context.memory is None:
+            action, logprob, _, value = get_action_and_value(context.obs, context.valid(), None, next_critic_obs)
+        else:
+            rollout.memory[step], rollout.starts[step] = context.memory, context.memory_starts()
+            action, logprob, _, value, memory = get_action_and_value(context.obs, context.valid(), None,
+                                                                     next_critic_obs, context.memory,
+                                                                     rollout.starts[step])
+            context.write_memory(memory)
         rollout.actions[step], rollout.logprobs[step], rollout.values[step] = action, logprob, value
         next_obs_raw, reward, terminated, truncated, info = step_envs(
             vec, agent.env_action(action), args.env_id, global_step + step * N, iteration)
@@ -840,10 +970,15 @@ def compute_advantages(agent: TransformerAgent, rollout: RolloutBuffers, next_ob
     step and V(final_obs) where an episode was truncated, the critic's own observations where it has them. Returns
     (advantages, returns), (num_steps, num_envs)."""
     T, N = args.num_steps, args.num_envs
-    last_value = agent.get_value(*carry["context"].peek(next_obs), next_critic_obs)
+    # Bootstrap values read the carried memory without advancing it: the next rollout continues from it.
+    context = carry["context"]
+    last_value = agent.get_value(*context.peek(next_obs), next_critic_obs, context.memory, context.memory_starts())
     final_critic_obs = None if rollout.final_critic_obs is None else rollout.final_critic_obs.flatten(0, 1)
+    # An ended episode's final observation continues its memory: the memory after step t, carried into step t + 1.
+    final_memory = None if context.memory is None else torch.cat([rollout.memory[1:], context.memory[None]])
+    final_memory = None if final_memory is None else final_memory.flatten(0, 1)
     final_values = agent.get_value(*final_windows(rollout.windows, rollout.valid, rollout.final_obs),
-                                   final_critic_obs).view(T, N)
+                                   final_critic_obs, final_memory).view(T, N)
     dones = rollout.terminated | rollout.truncated
     rewards = reward_scaler(rollout.rewards, dones) if args.norm_reward else rollout.rewards
     return compute_gae(rewards, rollout.values, last_value, final_values, rollout.terminated, rollout.truncated,
@@ -856,8 +991,10 @@ def iteration_scalars(agent: TransformerAgent, update_stats: dict, rollout: Roll
     """What shows a failing run (docs/design.md §4), nothing derivable: the update's losses and diagnostics, the
     value function's fit, the policy's noise and attention, the rollout's values and advantages, the envs' reports.
     Tensors, sent to the host in one transfer."""
-    diagnostics = {"attention_entropy": [], "residual_ratio": []}
-    agent.features(rollout.windows.flatten(0, 1)[:256], rollout.valid.flatten(0, 1)[:256], diagnostics)
+    diagnostics = {"attention_entropy": [], "residual_ratio": [], "memory_share": []}
+    memory = None if rollout.memory is None else agent.reset_memory(rollout.memory.flatten(0, 1)[:256],
+                                                                    rollout.starts.flatten()[:256])
+    agent.features(rollout.windows.flatten(0, 1)[:256], rollout.valid.flatten(0, 1)[:256], memory, diagnostics)
     values, advantages, returns = rollout.values.flatten(), advantages.flatten(), returns.flatten()
     var_returns = returns.var()
     scalars = {
@@ -872,6 +1009,10 @@ def iteration_scalars(agent: TransformerAgent, update_stats: dict, rollout: Roll
         scalars.update({f"attention/entropy_layer{layer}_head{h}": e for h, e in enumerate(entropy)})
     for i, ratio in enumerate(diagnostics["residual_ratio"]):
         scalars[f"residual/update_ratio_layer{i // 2}_{('attention', 'ff')[i % 2]}"] = ratio
+    for layer, share in enumerate(diagnostics["memory_share"]):  # memory mode: how much the current step reads it
+        scalars.update({f"attention/memory_share_layer{layer}_head{h}": x for h, x in enumerate(share)})
+    if rollout.memory is not None:
+        scalars["policy/memory_norm"] = rollout.memory.norm(dim=-1).mean()  # per token, as carried
     return scalars
 
 
@@ -907,7 +1048,9 @@ def train(args: Args, on_iteration=None) -> dict:
     own_stateful = {"reward_scaler": reward_scaler}
     obs_dim = vec.single_observation_space.shape[0]
     next_obs_raw, reset_info = vec.reset(seed=args.seed + rank * args.num_envs)
-    carry = {"next_obs_raw": next_obs_raw, "context": Context(args.num_envs, args.context_len, obs_dim, policy_device)}
+    memory_shape = (args.memory_tokens, args.token_dim) if args.memory_tokens else None
+    carry = {"next_obs_raw": next_obs_raw,
+             "context": Context(args.num_envs, args.context_len, obs_dim, policy_device, memory_shape)}
     if critic_norm is not None:
         stateful["critic_obs_normalizer"] = critic_norm
         carry["next_critic_obs_raw"] = reset_info["critic_obs"]
@@ -941,11 +1084,9 @@ def train(args: Args, on_iteration=None) -> dict:
 
             update_start = time.perf_counter()
             torch.set_num_threads(update_threads)
-            critic_obs = None if rollout.critic_obs is None else rollout.critic_obs.flatten(0, 1)
-            batch = (rollout.windows.flatten(0, 1), rollout.valid.flatten(0, 1), rollout.actions.flatten(0, 1),
-                     rollout.logprobs.flatten(), advantages.flatten(), returns.flatten(), rollout.values.flatten(),
-                     critic_obs)
-            update_stats, epochs_done = update(agent, optimizer, loss_fn, batch, args)
+            batch = (rollout.windows, rollout.valid, rollout.starts, rollout.actions, rollout.logprobs, advantages,
+                     returns, rollout.values, rollout.critic_obs)
+            update_stats, epochs_done = update(agent, optimizer, loss_fn, batch, rollout.memory, args)
             update_time = time.perf_counter() - update_start
             torch.set_num_threads(rollout_threads)
             eval_metrics = run.evaluate(iteration, agent, obs_norm)  # --eval-interval: the updated policy, deployed
@@ -973,23 +1114,29 @@ class DeployedPolicy(nn.Module):
     """The policy as a robot runs it, what --export-checkpoint writes and --eval-checkpoint runs: a raw observation
     in, the action the env receives out (the frozen observation normaliser, the mean action, clip or tanh inside);
     the window of the episode's last K raw observations and which of them belong to it are inputs and outputs
-    (all zeros and False at an episode's start): the current observation is pushed in and the window moved on."""
-
-    memory_names = ("window", "valid")
+    (all zeros and False at an episode's start): the current observation is pushed in and the window moved on.
+    In memory mode the memory tokens (B, P, D) are a third: zeros at an episode's start, which the policy knows by
+    the window holding no earlier step of it, and reads as its learned initial memory."""
 
     def __init__(self, agent: TransformerAgent, obs_norm: ObsNormalizer):
         super().__init__()
         self.agent, self.obs_norm = agent, obs_norm
+        self.memory_names = ("window", "valid", "memory") if agent.memory_tokens else ("window", "valid")
 
     def initial_memory(self, batch: int, device: torch.device) -> list[torch.Tensor]:
-        obs_dim = self.obs_norm.shift.shape[-1]
-        return [torch.zeros(batch, self.agent.context_len, obs_dim, device=device),
-                torch.zeros(batch, self.agent.context_len, dtype=torch.bool, device=device)]
+        obs_dim, agent = self.obs_norm.shift.shape[-1], self.agent
+        window = [torch.zeros(batch, agent.context_len, obs_dim, device=device),
+                  torch.zeros(batch, agent.context_len, dtype=torch.bool, device=device)]
+        return window + [torch.zeros(batch, agent.memory_tokens, agent.token_dim, device=device)] * bool(
+            agent.memory_tokens)
 
-    def forward(self, obs: torch.Tensor, window: torch.Tensor, valid: torch.Tensor):
+    def forward(self, obs: torch.Tensor, window: torch.Tensor, valid: torch.Tensor, memory: torch.Tensor | None = None):
+        if memory is not None:  # no step of this episode before the current one: it starts from memory_init
+            memory = self.agent.reset_memory(memory, ~valid[:, -1])
         window = torch.cat([window[:, 1:], obs[:, None]], 1)
         valid = torch.cat([valid[:, 1:], torch.ones_like(valid[:, :1])], 1)
-        return self.agent.mean_action(self.obs_norm(window), valid), window, valid
+        action, memory = self.agent.mean_action(self.obs_norm(window), valid, memory)
+        return (action, window, valid) if memory is None else (action, window, valid, memory)
 
 
 # ====================================================================================================================
@@ -1013,14 +1160,28 @@ def resolve_args(args: Args) -> Args:
         raise UsageError(f"--num-heads {args.num_heads} does not divide --token-dim {args.token_dim}")
     # Under torchrun every process steps --num-envs envs and splits its own batch into --num-minibatches; their
     # gradients are averaged, so an optimiser step sees world_size minibatches and an iteration world_size batches.
+    if args.memory_tokens < 0:
+        raise UsageError(f"--memory-tokens must be 0 (no memory) or more, got {args.memory_tokens}")
+    if not args.memory_tokens:
+        for flag, used in (("--bptt-len", args.bptt_len not in (0, 1)), ("--recompute-memory", args.recompute_memory)):
+            if used:
+                raise UsageError(f"{flag} applies to memory mode: add --memory-tokens (e.g. 4), or leave {flag} out")
+        args.bptt_len = 1  # without memory every step stands alone: its window holds all it attends to
+    elif args.bptt_len == 0:
+        args.bptt_len = args.num_steps
+    if args.bptt_len < 0 or args.num_steps % args.bptt_len:
+        raise UsageError(f"--bptt-len {args.bptt_len} does not divide --num-steps {args.num_steps}; choose a divisor of "
+                         f"{args.num_steps} (0: the whole rollout)")
     args.world_size = dist.get_world_size() if dist.is_initialized() else 1
     args.batch_size = args.num_envs * args.num_steps
-    if args.batch_size % args.num_minibatches:
+    args.num_sequences = args.batch_size // args.bptt_len
+    if args.num_sequences % args.num_minibatches:
+        shorter = ", or a shorter --bptt-len" if args.memory_tokens else ""
         raise UsageError(
-            f"the batch (--num-envs {args.num_envs} x --num-steps {args.num_steps} = {args.batch_size}) does not "
-            f"divide into --num-minibatches {args.num_minibatches}; choose a divisor of {args.batch_size}"
+            f"the batch's {args.num_sequences} sequences (--num-envs {args.num_envs} x --num-steps {args.num_steps} / "
+            f"{args.bptt_len} steps each) do not divide into --num-minibatches {args.num_minibatches}; choose a "
+            f"divisor of {args.num_sequences}{shorter}"
         )
-    args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // (args.batch_size * args.world_size)
     if args.num_iterations < 1:
         raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch "

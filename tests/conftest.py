@@ -21,6 +21,8 @@ from envs import EpisodeTracker
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("ppo_continuous", "ppo_recurrent", "ppo_transformer")
+# The scripts and the modes of one that carry a policy's memory differently: the invariants on memory run on each.
+VARIANTS = SCRIPTS + ("ppo_transformer-memory",)
 TIMING_KEYS = ("charts/SPS", "time/rollout_s", "time/update_s", "time/eval_s")
 
 # A loaded 2-core machine (CI beside a Genesis build or trainings) starts and runs processes many times slower than an
@@ -164,7 +166,7 @@ class Script:
 
     def __init__(self, name: str):
         self.name = name
-        self.module = importlib.import_module(name)
+        self.module = importlib.import_module(name.split("-")[0])
 
     def __repr__(self):
         return self.name
@@ -327,23 +329,69 @@ class TransformerScript(Script):
         return agent.actor_mean(agent.features(*self._window(agent, obs)))
 
     def loss(self, agent, obs, actions, old_logprobs, advantages, returns, old_values, args):
-        return self.module.ppo_loss(agent, *self._window(agent, obs), actions, old_logprobs, advantages, returns,
-                                    old_values, None, args)
+        return self.module.ppo_loss(agent, *self._window(agent, obs), None, None, actions, old_logprobs, advantages,
+                                    returns, old_values, None, args)
 
     def loss_rows(self, loss_inputs):
-        windows, _, actions, logprobs, _, returns, *_ = loss_inputs  # then old values, critic observations
-        return dict(obs=windows[:, -1], actions=actions, logprobs=logprobs, returns=returns)
+        windows, _, _, _, actions, logprobs, _, returns, *_ = loss_inputs  # (L, B, ...) sequences, then old values...
+        rows = lambda x: x.transpose(0, 1).flatten(0, 1)  # noqa: E731
+        return dict(obs=rows(windows[:, :, -1]), actions=rows(actions), logprobs=rows(logprobs), returns=rows(returns))
 
     def acted_obs(self, act_inputs):
         return act_inputs[0][:, -1]
 
 
-ADAPTERS = {"ppo_continuous": MLPScript, "ppo_recurrent": RecurrentScript, "ppo_transformer": TransformerScript}
+class TransformerMemoryScript(TransformerScript):
+    """ppo_transformer.py in memory mode: memory tokens carried step to step, 8-step sequences in the update (with
+    7-step episodes, starts at every offset), a 2-step window beside the memory."""
+    small = dict(TransformerScript.small, memory_tokens=2, context_len=2, bptt_len=8, num_minibatches=2,
+                 critic="shared")
+    memory_keys = ("context",)
+    genesis = dict(env_id="FrankaReach-v0", context_len=1, num_tokens=2, memory_tokens=2, bptt_len=0)
+
+    def make_agent(self, obs_dim=3, act_dim=2, low=-1.0, high=1.0, transform="clip", init_log_std=0.0, seed=0):
+        torch.manual_seed(seed)
+        args = self.module.resolve_args(self.module.task_args(
+            "PendulumNoVel-v1", token_dim=8, num_heads=2, num_layers=1, context_len=3, num_tokens=2, memory_tokens=2,
+            hidden_sizes=(16,), init_log_std=init_log_std, action_transform=transform, critic="shared"))
+        return self.module.TransformerAgent(args, *spaces(obs_dim, act_dim, low, high))
+
+    @staticmethod
+    def _fresh(agent, obs):
+        return (obs.new_zeros(obs.shape[0], agent.memory_tokens, agent.token_dim),
+                torch.ones(obs.shape[0], dtype=torch.bool))
+
+    def act(self, agent, obs):
+        return self.act_outputs(agent.get_action_and_value(*self._window(agent, obs), None, None,
+                                                           *self._fresh(agent, obs)))[:3]
+
+    def evaluate(self, agent, obs, actions):
+        return agent.get_action_and_value(*self._window(agent, obs), actions, None, *self._fresh(agent, obs))[1:4]
+
+    def mean(self, agent, obs):
+        memory, starts = self._fresh(agent, obs)
+        return agent.actor_mean(agent.features(*self._window(agent, obs), agent.reset_memory(memory, starts)))
+
+    def loss(self, agent, obs, actions, old_logprobs, advantages, returns, old_values, args):
+        memory, starts = self._fresh(agent, obs)
+        windows, valid = self._window(agent, obs)
+        return self.module.ppo_loss(agent, windows[None], valid[None], memory, starts[None], actions[None],
+                                    old_logprobs[None], advantages[None], returns[None], old_values[None], None, args)
+
+
+ADAPTERS = {"ppo_continuous": MLPScript, "ppo_recurrent": RecurrentScript, "ppo_transformer": TransformerScript,
+            "ppo_transformer-memory": TransformerMemoryScript}
 
 
 @pytest.fixture(params=SCRIPTS)
 def script(request) -> Script:
     """Each of the three scripts in turn."""
+    return ADAPTERS[request.param](request.param)
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request) -> Script:
+    """Each of the three scripts, and the transformer's memory mode, in turn: for the invariants on memory."""
     return ADAPTERS[request.param](request.param)
 
 

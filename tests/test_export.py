@@ -14,7 +14,7 @@ import onnxruntime
 import pytest
 import torch
 
-from conftest import SCRIPTS, script_named
+from conftest import SCRIPTS, VARIANTS, script_named
 
 TOLERANCE = 1e-5
 
@@ -46,16 +46,20 @@ def record(script, checkpoint_path, steps: int, num_envs: int = 2):
     obs, _ = vec.reset()
     state = agent.initial_state(num_envs) if script.name == "ppo_recurrent" else None
     starts = torch.ones(num_envs, dtype=torch.bool)
-    context = module.Context(num_envs, args.context_len, obs.shape[1], torch.device("cpu")) \
-        if script.name == "ppo_transformer" else None
+    memory_shape = (args.memory_tokens, args.token_dim) if getattr(args, "memory_tokens", 0) else None
+    context = module.Context(num_envs, args.context_len, obs.shape[1], torch.device("cpu"), memory_shape) \
+        if script.name.startswith("ppo_transformer") else None
     observations, dones, actions = [], [], []
     for _ in range(steps):
         if script.name == "ppo_recurrent":  # the rollout's path: every trunk, zeroed by the episode-start flags
             features, _, state = agent.features(obs_norm(obs)[None], state, starts[None])
             action = agent.env_action(agent.actor_mean(features[0]))
-        elif script.name == "ppo_transformer":
+        elif context is not None:  # the rollout's path: the memory carried by the context, reset by episode ids
             context.push(obs_norm(obs))
-            action = agent.mean_action(context.obs, context.valid())
+            memory = None if context.memory is None else agent.reset_memory(context.memory, context.memory_starts())
+            action, memory = agent.mean_action(context.obs, context.valid(), memory)
+            if memory is not None:
+                context.write_memory(memory)
         else:
             action = agent.mean_action(obs_norm(obs))
         observations.append(obs)
@@ -118,17 +122,17 @@ def check_export_acts_as_the_script(script, checkpoint_path, steps):
 
 
 @pytest.mark.parametrize("norm_obs", [False, True], ids=["raw", "normalised"])
-@pytest.mark.parametrize("name", SCRIPTS)
+@pytest.mark.parametrize("name", VARIANTS)
 def test_exported_policy_acts_as_the_script_across_episode_ends(name, norm_obs, in_tmp):
-    """Bugs: the normaliser left out of the export (or applied with --no-norm-obs), the recurrent state or the
-    transformer's window not carried from step to step, or not emptied at an episode's start (7-step episodes:
-    30 steps cross four of their ends)."""
+    """Bugs: the normaliser left out of the export (or applied with --no-norm-obs), the recurrent state, the
+    transformer's window or its memory tokens not carried from step to step, or not emptied at an episode's start
+    (7-step episodes: 30 steps cross four of their ends)."""
     script = script_named(name)
     checkpoint = train_tiny(script, norm_obs=norm_obs)
     check_export_acts_as_the_script(script, checkpoint, steps=30)
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
+@pytest.mark.parametrize("name", VARIANTS)
 def test_exported_policy_acts_as_the_script_on_the_genesis_arm(name, in_tmp):
     script = script_named(name)
     checkpoint = train_tiny(script, **script.genesis, num_envs=8, num_steps=8, num_minibatches=2,
@@ -152,7 +156,7 @@ def test_exported_actions_are_clipped_to_the_envs_bounds(name, in_tmp):
     np.testing.assert_allclose(action, 2.0)
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
+@pytest.mark.parametrize("name", VARIANTS)
 def test_evaluating_policy_onnx_gives_the_checkpoints_summary(name, in_tmp):
     """Bugs: the ONNX evaluation on other seeds or another episode protocol, or its memory reset differently."""
     script = script_named(name)

@@ -40,6 +40,7 @@ class Move:
 SCHEDULES = ("constant", "linear", "cosine", "adaptive_kl")
 RNNS = [(("rnn_type", "gru"), ("shared_trunk", False)), (("rnn_type", "lstm"), ("shared_trunk", True))]
 MODES = [(("context_len", 8), ("num_tokens", 1)), (("context_len", 1), ("num_tokens", 4))]
+MEMORY = (("memory_tokens", 2), ("context_len", 2), ("num_minibatches", 3))  # 3 envs: 3 whole-rollout sequences
 # Flat advantages for --robust-adv-norm: observations all zero, so the value is the same at every step (the MLP and
 # the RNN start with zero biases; the transformer sees one step, a window that never changes), rewards of about
 # 1e-8, no discount and no reward scaling.
@@ -91,7 +92,8 @@ MOVES: dict[str, list[Move]] = {
     "rnn_layers": [Move(2, RNN) for RNN in RNNS],
     "shared_trunk": [Move(context=RNN) for RNN in RNNS],
     "heads_see_obs": [Move(context=RNN) for RNN in RNNS],
-    "bptt_len": [Move(4, RNN) for RNN in RNNS],
+    # (the transformer's --bptt-len and --recompute-memory act in memory mode: its context, left out for the RNN)
+    "bptt_len": [Move(4, (*RNN, *MEMORY)) for RNN in RNNS],
     "recompute_hidden": [Move(True, (("update_epochs", 3), *RNN)) for RNN in RNNS],
     # ppo_transformer.py: each option over the history (one token per step) and over several tokens of one step
     "context_len": [Move(3, (("num_tokens", num_tokens),)) for num_tokens in (1, 4)],
@@ -104,6 +106,8 @@ MOVES: dict[str, list[Move]] = {
     "gated": [Move(context=MODE) for MODE in MODES],
     "small_init": [Move(context=MODE) for MODE in MODES],
     "critic": [Move(lambda args, flag: "mlp" if args.critic == "shared" else "shared", MODE) for MODE in MODES],
+    "memory_tokens": [Move(2, (*MODE, ("num_minibatches", 3))) for MODE in MODES],
+    "recompute_memory": [Move(True, (*MEMORY, ("bptt_len", 4), ("update_epochs", 3)))],
 }
 
 EXEMPT: dict[str, str] = {

@@ -348,7 +348,7 @@ def scan_task(obs_dim=48 + 187, scan_size=187):
 def mean_action(script, agent, obs):
     if script.name == "ppo_recurrent":
         return agent.actor_step(obs, torch.zeros(len(obs), agent.actor_state_size))[0]
-    return agent.mean_action(obs[:, None], torch.ones(len(obs), 1, dtype=torch.bool))
+    return agent.mean_action(obs[:, None], torch.ones(len(obs), 1, dtype=torch.bool))[0]
 
 
 @pytest.mark.parametrize("name", ["ppo_recurrent", "ppo_transformer"])

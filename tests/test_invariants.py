@@ -20,7 +20,7 @@ from torch.distributions import AffineTransform, Normal, TanhTransform, Transfor
 
 import envs
 from conftest import (
-    REPO, SCRIPTS, run_cli, episode_schedule, metrics_without_timing, naive_gae, script_named, use_scripted_env,
+    REPO, SCRIPTS, VARIANTS, run_cli, episode_schedule, metrics_without_timing, naive_gae, script_named, use_scripted_env,
 )
 
 
@@ -125,13 +125,16 @@ LOOP_OVERRIDES = {
     "ppo_recurrent": dict(num_envs=3, num_steps=16, bptt_len=8, num_minibatches=2, total_timesteps=3 * 16 * 3),
     "ppo_transformer": dict(num_envs=3, num_steps=16, num_minibatches=4, context_len=4, num_tokens=2,
                             total_timesteps=3 * 16 * 3),
+    "ppo_transformer-memory": dict(num_envs=3, num_steps=16, bptt_len=8, num_minibatches=2, context_len=2,
+                                   num_tokens=2, memory_tokens=2, critic="shared", total_timesteps=3 * 16 * 3),
 }
 
 
-@pytest.fixture(scope="module", params=[(s, norm) for s in SCRIPTS for norm in (False, True)],
+@pytest.fixture(scope="module", params=[(s, norm) for s in VARIANTS for norm in (False, True)],
                 ids=lambda p: f"{p[0]}-{'normalised' if p[1] else 'raw'}")
 def loop(request, tmp_path_factory):
-    """One recorded run per script, with observation normalisation and reward scaling both off or both on."""
+    """One recorded run per script (and the transformer's memory mode), with observation normalisation and reward
+    scaling both off or both on."""
     name, norm = request.param
     script = script_named(name)
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -164,13 +167,16 @@ def normalise(loop, x, k):
 
 def bootstrap_inputs(script, act_inputs, act_outputs, n, final_obs):
     """Inputs for acting on env n's final observation with the memory of its own episode: the recurrent state
-    after its last step, or the window of its last step moved on by one."""
+    after its last step, or the window of its last step moved on by one (and the memory tokens after that step)."""
     if script.name == "ppo_recurrent":
         return final_obs[None], act_outputs[3][n : n + 1], torch.zeros(1, dtype=torch.bool)
-    if script.name == "ppo_transformer":
+    if script.name.startswith("ppo_transformer"):
         windows, valid = act_inputs[:2]  # then no action and no critic observation: a rollout step
         window = torch.cat([windows[n, 1:], final_obs[None]])
-        return window[None], torch.cat([valid[n, 1:], torch.ones(1, dtype=torch.bool)])[None]
+        inputs = (window[None], torch.cat([valid[n, 1:], torch.ones(1, dtype=torch.bool)])[None])
+        if len(act_outputs) > 3:  # memory mode: the memory the episode's last step wrote, not reset
+            inputs += (None, None, act_outputs[3][n : n + 1], torch.zeros(1, dtype=torch.bool))
+        return inputs
     return (final_obs[None],)
 
 
@@ -243,6 +249,24 @@ def test_bootstrap_after_the_last_step_uses_the_next_steps_obs_and_memory(loop):
     for iteration in list(iterations(loop))[:-1]:
         (_, _, last_value, *_), _ = record.gae[iteration]
         torch.testing.assert_close(last_value, reference_gae_inputs(loop, iteration)[2], atol=1e-5, rtol=1e-5)
+
+
+def test_each_step_reads_the_memory_the_previous_step_left_across_rollouts(loop):
+    """Bugs: a bootstrap value advancing the carried memory (V(next_obs) run as a step), the memory not carried
+    into the next rollout (or the one from before the last step), or not reset where an episode starts."""
+    script, record, env, args, _ = loop
+    if script.name not in ("ppo_recurrent", "ppo_transformer-memory"):
+        pytest.skip("no memory carried from step to step: windows are tested in test_ppo_transformer.py")
+    carried_at, starts_at = (1, 2) if script.name == "ppo_recurrent" else (4, 5)
+    assert len(record.acts) == len(iterations(loop)) * args.num_steps
+    for k in range(len(record.acts) - 1):
+        written = record.acts[k][1][3]  # the memory after step k
+        done = env.terminated[k] | env.truncated[k]
+        inputs = record.acts[k + 1][0]
+        assert torch.equal(inputs[starts_at], done)
+        if script.name == "ppo_recurrent":  # zeroed where an episode starts; the transformer resets when reading
+            written = written * ~done[:, None]
+        torch.testing.assert_close(inputs[carried_at], written, atol=0, rtol=0)
 
 
 def test_value_targets_in_the_update_equal_naive_gae_over_what_the_env_gave(loop):
@@ -575,9 +599,9 @@ def test_update_threads_apply_to_the_update_alone(script, in_tmp, monkeypatch):
 
 
 # ---------------------------------------------------------------- 10, 13: normalisers, checkpoints, evaluation
-@pytest.fixture(scope="module", params=SCRIPTS)
+@pytest.fixture(scope="module", params=VARIANTS)
 def trained(request, tmp_path_factory):
-    """A finished tiny run per script: (script, args, summary)."""
+    """A finished tiny run per script (and the transformer's memory mode): (script, args, summary)."""
     script = script_named(request.param)
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.chdir(tmp_path_factory.mktemp(request.param))
@@ -663,31 +687,31 @@ def test_checkpoint_restores_every_piece_of_training_state(trained):
 
 
 # ---------------------------------------------------------------- 5, 13: what the update sees, seeds, resume
-def test_first_minibatch_has_ratio_one_and_zero_kl_with_normalisers_on(script, in_tmp):
+def test_first_minibatch_has_ratio_one_and_zero_kl_with_normalisers_on(variant, in_tmp):
     """Bug: the update sees different observations (re-normalised with newer statistics), memory or actions
     than the rollout acted on."""
-    summary = script.module.train(script.args(norm_obs=True, norm_reward=True, init_log_std=0.5))
+    summary = variant.module.train(variant.args(norm_obs=True, norm_reward=True, init_log_std=0.5))
     for h in summary["history"]:
         assert h["debug/first_minibatch_ratio_max_dev"] < 1e-4
         assert h["losses/approx_kl"] > 0  # later minibatches did move the policy
 
 
-def test_same_seed_gives_identical_metrics_and_another_seed_does_not(script, in_tmp):
+def test_same_seed_gives_identical_metrics_and_another_seed_does_not(variant, in_tmp):
     """Bug: unseeded sampling, permutation, initial state or env somewhere in the loop."""
-    first = script.module.train(script.args(seed=3))["history"]
-    second = script.module.train(script.args(seed=3))["history"]
-    other = script.module.train(script.args(seed=4))["history"]
+    first = variant.module.train(variant.args(seed=3))["history"]
+    second = variant.module.train(variant.args(seed=3))["history"]
+    other = variant.module.train(variant.args(seed=4))["history"]
     assert metrics_without_timing(first) == metrics_without_timing(second)
     assert metrics_without_timing(first) != metrics_without_timing(other)
 
 
-def test_resume_continues_exactly_like_an_uninterrupted_run(script, in_tmp):
+def test_resume_continues_exactly_like_an_uninterrupted_run(variant, in_tmp):
     """Bug: resuming resets the step counter, optimiser, normalisers, RNG, envs or the policy's memory."""
-    args = script.args(checkpoint_interval=2)
+    args = variant.args(checkpoint_interval=2)
     args.total_timesteps = 4 * args.num_envs * args.num_steps
-    straight = script.module.train(args)
+    straight = variant.module.train(args)
     midpoint = os.path.join(straight["run_dir"], "checkpoint_000002.pt")
-    resumed = script.module.train(script.module.Args(resume=midpoint, progress_bar=False))
+    resumed = variant.module.train(variant.module.Args(resume=midpoint, progress_bar=False))
     assert resumed["run_dir"] == straight["run_dir"] and resumed["global_step"] == straight["global_step"]
     assert [h["iteration"] for h in resumed["history"]] == [3, 4]
     assert metrics_without_timing(resumed["history"]) == metrics_without_timing(straight["history"][2:])
@@ -751,26 +775,26 @@ def test_reward_scaling_of_a_whole_rollout_equals_scaling_step_by_step(script):
 
 
 # ---------------------------------------------------------------- the Genesis path
-def test_genesis_arm_trains_logs_success_and_reward_terms_and_evaluates(script, in_tmp):
+def test_genesis_arm_trains_logs_success_and_reward_terms_and_evaluates(variant, in_tmp):
     """Bug: the Genesis path (sim device, success, reward terms, staggered starts, final_obs memory) breaks a
     script while every Gymnasium test passes."""
-    args = script.args(num_envs=16, num_steps=8, num_minibatches=2, update_epochs=2, total_timesteps=16 * 8 * 3,
-                       sim_device="cpu", policy_device="cpu", env_kwargs={"max_episode_steps": 10}, **script.genesis)
-    summary = script.module.train(args)
+    args = variant.args(num_envs=16, num_steps=8, num_minibatches=2, update_epochs=2, total_timesteps=16 * 8 * 3,
+                       sim_device="cpu", policy_device="cpu", env_kwargs={"max_episode_steps": 10}, **variant.genesis)
+    summary = variant.module.train(args)
     last = summary["history"][-1]
     assert "charts/success_rate" in last and last["reward_terms/distance"] < 0
     assert all(h["debug/first_minibatch_ratio_max_dev"] < 1e-4 for h in summary["history"])
-    result = script.module.evaluate(summary["checkpoint"], episodes=4, device="cpu", sim_device="cpu")
+    result = variant.module.evaluate(summary["checkpoint"], episodes=4, device="cpu", sim_device="cpu")
     assert result["episodes"] == 4 and 0.0 <= result["success_rate"] <= 1.0
 
 
-def test_a_task_metric_is_averaged_over_the_episodes_it_applies_to(script, monkeypatch, in_tmp):
+def test_a_task_metric_is_averaged_over_the_episodes_it_applies_to(variant, monkeypatch, in_tmp):
     """Bugs: a NaN task metric (one that does not apply to an episode, as another terrain type's level) poisoning
     the logged mean or counted as 0, and a metric no ended episode had logged as NaN."""
     ends = episode_schedule(4096, 9, 16)  # training steps 3 envs, evaluation 9
-    use_scripted_env(monkeypatch, script.module, ends, metrics=True)
-    args = script.args(**LOOP_OVERRIDES[script.name])
-    summary = script.module.train(args)
+    use_scripted_env(monkeypatch, variant.module, ends, metrics=True)
+    args = variant.args(**LOOP_OVERRIDES[variant.name])
+    summary = variant.module.train(args)
     history = summary["history"]
     assert len(history) == 3
     for iteration, h in enumerate(history):
@@ -780,7 +804,7 @@ def test_a_task_metric_is_averaged_over_the_episodes_it_applies_to(script, monke
         even = episodes * (env % 2 == 0)
         assert h["episode_metrics/on_even_envs"] == pytest.approx(float((env * even).sum() / even.sum()))
         assert "episode_metrics/on_no_env" not in h
-    result = script.module.evaluate(summary["checkpoint"], episodes=9, device="cpu")
+    result = variant.module.evaluate(summary["checkpoint"], episodes=9, device="cpu")
     assert result["env_index"] == pytest.approx(4.0)  # one episode of each of envs 0-8
     assert result["on_even_envs"] == pytest.approx(4.0) and "on_no_env" not in result  # of envs 0, 2, 4, 6, 8
 

@@ -123,7 +123,7 @@ def test_no_nan_with_the_shortest_and_longest_contexts(context_len, episode_leng
     assert all(torch.isfinite(p.grad).all() for p in agent.parameters() if p.grad is not None)
     diagnostics = {"attention_entropy": [], "residual_ratio": []}
     with torch.no_grad():
-        agent.features(windows, valid, diagnostics)
+        agent.features(windows, valid, diagnostics=diagnostics)
     assert all(torch.isfinite(e).all() for e in diagnostics["attention_entropy"])
 
 
@@ -135,7 +135,7 @@ def test_small_init_starts_the_branches_quiet():
     for small in (True, False):
         diagnostics = {"attention_entropy": [], "residual_ratio": []}
         with torch.no_grad():
-            make_agent(context_len=4, small_init=small).features(windows.flatten(0, 1), valid.flatten(0, 1), diagnostics)
+            make_agent(context_len=4, small_init=small).features(windows.flatten(0, 1), valid.flatten(0, 1), diagnostics=diagnostics)
         ratios[small] = max(r.item() for r in diagnostics["residual_ratio"])
     assert ratios[True] < 0.05 < ratios[False]
 
@@ -151,7 +151,7 @@ def test_diagnostic_attention_equals_the_fused_attention_it_stands_for(mode, gat
     windows, valid = windows.flatten(0, 1), valid.flatten(0, 1)
     with torch.no_grad():
         diagnostics = {"attention_entropy": [], "residual_ratio": []}
-        written_out = agent.features(windows, valid, diagnostics)
+        written_out = agent.features(windows, valid, diagnostics=diagnostics)
         torch.testing.assert_close(written_out, agent.features(windows, valid), atol=1e-5, rtol=1e-5)
 
 
@@ -168,7 +168,7 @@ def test_attention_entropy_is_that_of_the_attention_over_the_valid_tokens(monkey
     windows, valid = windows.flatten(0, 1), valid.flatten(0, 1)
     diagnostics = {"attention_entropy": [], "residual_ratio": []}
     with torch.no_grad():
-        agent.features(windows, valid, diagnostics)
+        agent.features(windows, valid, diagnostics=diagnostics)
     expected = torch.log(valid.sum(1).float() * agent.num_tokens).mean()  # log(number of valid tokens)
     assert (valid.sum(1) < agent.context_len).any()
     for entropy in diagnostics["attention_entropy"]:  # one per layer: (heads,)
@@ -206,15 +206,137 @@ def test_evaluation_windows_reset_at_episode_starts(in_tmp, monkeypatch):
     seen = []
     original = ppo.TransformerAgent.mean_action
 
-    def recording(self, windows, valid):
+    def recording(self, windows, valid, memory=None):
         seen.append(valid.clone())
-        return original(self, windows, valid)
+        return original(self, windows, valid, memory)
 
     monkeypatch.setattr(ppo.TransformerAgent, "mean_action", recording)
     result = ppo.evaluate(summary["checkpoint"], episodes=17, device="cpu")  # 16 envs, the first plays 2
     assert result["episodes"] == 17 and np.isfinite(result["mean_return"])
     assert seen[0].sum(1).eq(1).all() and seen[7].sum(1).eq(1).all()  # 7-step episodes: fresh window at 0 and 7
     assert seen[5].all()
+
+
+# ---------------------------------------------------------------- memory mode: memory tokens carried step to step
+def memory_agent(context_len=1, seed=0, **overrides):
+    return make_agent(context_len=context_len, num_tokens=2, memory_tokens=3, bptt_len=32, seed=seed, **overrides)
+
+
+def episode_starts(done):
+    """starts[t]: step t begins an episode (the first step, and every step after an episode's end)."""
+    return torch.cat([torch.ones_like(done[:1]), done[:-1]])
+
+
+def run_memory(agent, obs, done, memory=None):
+    """The rollout's acting path over (T, N) steps, one step at a time as collect_rollout steps: windows from the
+    Context, the memory reset when read at an episode's first step. Returns (T, N, M * D) features and the memory
+    entering each step as carried (T, N, P, D)."""
+    T, N, D = obs.shape
+    context = ppo.Context(N, agent.context_len, D, torch.device("cpu"), (agent.memory_tokens, agent.token_dim))
+    if memory is not None:
+        context.memory = memory
+    features, carried = [], []
+    for t in range(T):
+        context.push(obs[t])
+        carried.append(context.memory)
+        out, memory = agent.read(context.obs, context.valid(), agent.reset_memory(context.memory,
+                                                                                  context.memory_starts()))
+        context.write_memory(memory)
+        context.end_episodes(done[t])
+        features.append(out)
+    return torch.stack(features), torch.stack(carried)
+
+
+def test_memory_never_carries_across_an_episode_start():
+    """Bugs: an episode's first step reading the previous episode's memory (the reset skipped, or applied a step
+    late), in acting or in the update's sequences."""
+    agent = memory_agent(context_len=2)
+    obs, done = random_rollout(T=30)  # env 0's first episode ends at step 4 (done[4, 0])
+    first_end = int(done[:, 0].nonzero()[0])
+    other = obs.clone()
+    other[: first_end + 1, 0] += 3.0  # another first episode for env 0, the same afterwards
+    with torch.no_grad():
+        acted, _ = run_memory(agent, obs, done)
+        acted_other, _ = run_memory(agent, other, done, memory=100.0 * torch.randn(3, 3, 8))
+        windows, valid, _, _ = simulate_context(obs, done, agent.context_len)
+        updated, _ = agent.sequence_features(windows, valid, 100.0 * torch.randn(3, 3, 8), episode_starts(done))
+    torch.testing.assert_close(acted_other[first_end + 1:, 0], acted[first_end + 1:, 0])
+    assert not torch.allclose(acted_other[: first_end + 1, 0], acted[: first_end + 1, 0])
+    torch.testing.assert_close(updated, acted, atol=1e-5, rtol=1e-5)  # the update's path: what acting saw
+
+
+def test_the_memory_outlives_the_window_within_an_episode():
+    """Bugs: the memory tokens' outputs never written back (each step reads the initial memory), or the memory
+    dropped from attention: then an observation outside the window could not change a later step."""
+    obs, done = random_rollout(T=12)
+    done[:] = False
+    changed = obs.clone()
+    changed[0] += 3.0  # the first step only, long out of a one-step window by step 11
+    for memory_tokens, expect_change in ((3, True), (0, False)):
+        agent = make_agent(context_len=1, num_tokens=2, memory_tokens=memory_tokens, bptt_len=32 * bool(memory_tokens))
+        with torch.no_grad():
+            windows, valid, _, _ = simulate_context(obs, done, 1)
+            changed_windows = simulate_context(changed, done, 1)[0]
+            memory = torch.zeros(3, memory_tokens, 8) if memory_tokens else None
+            starts = episode_starts(done) if memory_tokens else None
+            last = [agent.sequence_features(w, valid, memory, starts)[0][-1] for w in (windows, changed_windows)]
+        assert (not torch.allclose(*last, atol=1e-6)) == expect_change
+
+
+def test_recomputed_memories_equal_the_acted_ones_under_the_same_weights():
+    """Bugs: --recompute-memory rerunning from the wrong memory or the wrong chunk (shifted by one), or returning
+    the sequences' memories in another order than the update's sequences (c * N + n)."""
+    agent = memory_agent(context_len=2)
+    obs, done = random_rollout(T=24)
+    with torch.no_grad():
+        _, carried = run_memory(agent, obs, done, memory=torch.randn(3, 3, 8))
+        windows, valid, _, _ = simulate_context(obs, done, agent.context_len)
+        recomputed = agent.sequence_start_memories(windows, valid, carried[0], episode_starts(done), 6)
+    torch.testing.assert_close(recomputed, carried[::6].flatten(0, 1), atol=1e-5, rtol=1e-5)
+
+
+def test_memory_flags_change_the_run_and_are_refused_without_memory(in_tmp):
+    """Bugs: --recompute-memory or --bptt-len accepted but ignored; either silently accepted without memory."""
+    base = dict(memory_tokens=2, context_len=1, num_minibatches=3, critic="shared")
+    losses = {name: [{k: v for k, v in h.items() if k.startswith("losses/")}
+                     for h in ppo.train(SCRIPT.args(**base, **flags))["history"]]
+              for name, flags in (("whole", dict(bptt_len=16)), ("short", dict(bptt_len=4)),
+                                  ("recomputed", dict(bptt_len=4, recompute_memory=True)))}
+    assert losses["short"] != losses["whole"] and losses["recomputed"] != losses["short"]
+    for flags in (dict(bptt_len=8), dict(recompute_memory=True), dict(memory_tokens=-1)):
+        with pytest.raises(ppo.UsageError, match="--(bptt-len|recompute-memory|memory-tokens)"):
+            ppo.resolve_args(SCRIPT.args(**flags))
+    with pytest.raises(ppo.UsageError, match="--bptt-len 5 does not divide --num-steps 16"):
+        ppo.resolve_args(SCRIPT.args(**base, bptt_len=5))
+
+
+def test_memory_diagnostics_are_logged_per_layer_and_head(in_tmp):
+    """Bug: the share of attention on the memory missing for a layer or head, or out of [0, 1]."""
+    last = ppo.train(SCRIPT.args(memory_tokens=2, bptt_len=4, context_len=2, num_layers=2, num_heads=2))["history"][-1]
+    for layer in range(2):
+        for head in range(2):
+            assert 0.0 < last[f"attention/memory_share_layer{layer}_head{head}"] < 1.0
+    assert last["policy/memory_norm"] > 0
+
+
+def test_evaluation_starts_every_episode_from_the_initial_memory(in_tmp, monkeypatch):
+    """Bug: the deployed policy carrying the previous episode's memory (or zeros) into an episode's first step."""
+    summary = ppo.train(SCRIPT.args(memory_tokens=2, bptt_len=4, context_len=1, critic="shared"))
+    seen, initial = [], []
+    original = ppo.TransformerAgent.mean_action
+
+    def recording(self, windows, valid, memory=None):
+        seen.append(memory.clone())
+        initial.append(self.memory_init.detach().clone())
+        return original(self, windows, valid, memory)
+
+    monkeypatch.setattr(ppo.TransformerAgent, "mean_action", recording)
+    result = ppo.evaluate(summary["checkpoint"], episodes=17, device="cpu")  # 16 envs, the first plays 2
+    assert result["episodes"] == 17
+    for step in (0, 7):  # 7-step episodes
+        torch.testing.assert_close(seen[step], initial[0].expand_as(seen[step]))
+    for step in (1, 5, 8):
+        assert not torch.allclose(seen[step], initial[0].expand_as(seen[step]))
 
 
 # ---------------------------------------------------------------- the command line
