@@ -20,7 +20,7 @@ from torch.distributions import AffineTransform, Normal, TanhTransform, Transfor
 
 import envs
 from conftest import (
-    REPO, SCRIPTS, VARIANTS, run_cli, episode_schedule, metrics_without_timing, naive_gae, script_named, use_scripted_env,
+    REPO, VARIANTS, run_cli, episode_schedule, metrics_without_timing, naive_gae, script_named, use_scripted_env,
 )
 
 
