@@ -234,8 +234,12 @@ PRESETS["Go2WalkNoVel-v0"] = PRESETS["Go2WalkNoVelAll-v0"] = dict(PRESETS["Go2Wa
 # Rough terrain: the walking settings (token mode) for twice the steps; the scan becomes --scan-tokens tokens of its
 # own beside the step's 4, so attention weighs the terrain ahead against the robot's state.
 PRESETS["Go2Rough-v0"] = PRESETS["Go2RoughBlind-v0"] = dict(PRESETS["Go2Walk-v0"], total_timesteps=20_000_000)
-# The arm's memory tasks in history mode: 16 steps cover the hidden cue, or 0.8 s of pushing to infer the cube's mass.
-PRESETS["FrankaReachCue-v0"] = dict(context_len=16, num_tokens=1, token_dim=32, critic="shared")
+# The arm's memory tasks. The cue, seen in an episode's first 5 of 100 steps, in memory mode: 4 memory tokens beside
+# the current step's token, whole 100-step episodes as training sequences (as the GRU's preset); history mode over 16
+# steps (--memory-tokens 0 --context-len 16 --num-envs 1024 --num-steps 24) forgot it. The randomised push in
+# history mode: 0.8 s of pushing to infer the cube's mass and friction.
+PRESETS["FrankaReachCue-v0"] = dict(memory_tokens=4, context_len=1, num_tokens=1, token_dim=32, critic="shared",
+                                    num_envs=256, num_steps=100)
 PRESETS["FrankaPushCubeRandom-v0"] = dict(PRESETS["FrankaPushCube-v0"], context_len=16, num_tokens=1, token_dim=32)
 
 

@@ -31,6 +31,8 @@ ABLATION = {"": [], "post_ln": ["--no-pre-ln"], "gated": ["--gated"], "default_i
 # The ablation task: MemoryCue-v0 with 32-step episodes, attended over whole (32 steps, 4 layers); the budget
 # ends while the default is still improving, so that a faster or slower start shows.
 LONG_CUE = ["--env-kwargs", "length", "32", "max_episode_steps", "32", "--context-len", "32", "--num-layers", "4"]
+# ppo_transformer.py's FrankaReachCue-v0 preset before issue 48: history mode over the last 16 steps
+HISTORY16 = ["--memory-tokens", "0", "--context-len", "16", "--num-envs", "1024", "--num-steps", "24"]
 PRESETS = {
     "quick": [
         ("ppo_continuous.py", "Pendulum-v1", (1, 2), 100_000, []),
@@ -61,11 +63,18 @@ PRESETS = {
                      for script in ("ppo_recurrent.py", "ppo_continuous.py")]
     + [("ppo_transformer.py", "Go2WalkNoVelAll-v0", (1, 2), 5_000_000, [])],
     # Issue 15: memory on the arm, the three scripts' presets on FrankaReachCue-v0 (target seen in the first 5 of 100
-    # steps) at one budget, and the transformer's token mode (4 tokens of the current observation, no history).
+    # steps) at one budget, and the transformer's token mode (4 tokens of the current observation, no history). The
+    # transformer's preset was history mode over 16 steps then (its flags here since issue 48's memory mode).
     "arm_memory": [(script, "FrankaReachCue-v0", (seed,), 3_000_000, []) for seed in (1, 2, 3)
-                   for script in ("ppo_continuous.py", "ppo_recurrent.py", "ppo_transformer.py")]
+                   for script in ("ppo_continuous.py", "ppo_recurrent.py")]
+    + [("ppo_transformer.py", "FrankaReachCue-v0", (seed,), 3_000_000, HISTORY16) for seed in (1, 2, 3)]
     + [("ppo_transformer.py", "FrankaReachCue-v0", (1,), 3_000_000,
-        ["--context-len", "1", "--num-tokens", "4", "--token-dim", "16", "--num-heads", "2"], "tokens")],
+        ["--memory-tokens", "0", "--context-len", "1", "--num-tokens", "4", "--token-dim", "16", "--num-heads", "2",
+         "--num-envs", "1024", "--num-steps", "24"], "tokens")],
+    # Issue 48: the transformer's memory mode (its FrankaReachCue-v0 preset: 4 memory tokens carried step to step);
+    # seed by seed.
+    "arm_memory_transformer": [("ppo_transformer.py", "FrankaReachCue-v0", (seed,), 3_000_000, [], "memory")
+                               for seed in (1, 2, 3)],
     # Issue 15: memory on the cube, the three scripts' presets on FrankaPushCubeRandom-v0 (unobserved cube mass and
     # friction) at one budget; seed by seed, so that a stopped session leaves whole seeds (runs resume).
     "push_memory": [(script, "FrankaPushCubeRandom-v0", (seed,), 2_000_000, []) for seed in (1, 2, 3)
@@ -83,8 +92,8 @@ PRESETS = {
 @dataclass
 class Args:
     preset: Literal["quick", "full", "memory", "ablation", "bipedal", "go2", "go2_memory", "go2_novelall", "arm_memory", "privileged",
-                    "push_memory"] = "quick"
-    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags), bipedal (BipedalWalker-v3 preset), go2 / go2_memory / go2_novelall (the quadruped; its NoVel variant, three scripts; every velocity hidden, three scripts), arm_memory (FrankaReachCue-v0, three scripts), push_memory (FrankaPushCubeRandom-v0, three scripts), privileged (ppo_recurrent.py with --privileged-critic on Go2WalkNoVelAll-v0 and FrankaReachCue-v0)"""
+                    "push_memory", "arm_memory_transformer"] = "quick"
+    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags), bipedal (BipedalWalker-v3 preset), go2 / go2_memory / go2_novelall (the quadruped; its NoVel variant, three scripts; every velocity hidden, three scripts), arm_memory (FrankaReachCue-v0, three scripts), arm_memory_transformer (the transformer's memory mode on it), push_memory (FrankaPushCubeRandom-v0, three scripts), privileged (ppo_recurrent.py with --privileged-critic on Go2WalkNoVelAll-v0 and FrankaReachCue-v0)"""
     jobs: int = os.cpu_count() or 1
     """runs at once (no more than there are cores)"""
     exp_name: str | None = None

@@ -71,15 +71,18 @@ def synthetic_update(module, args, obs_space, action_space, episode_length: int)
     if hasattr(module, "TransformerAgent"):
         agent = module.TransformerAgent(args, obs_space, action_space)
         # every step's window of K observations, all valid: attention costs the same whatever the mask
-        K = args.context_len
-        windows = torch.randn(T * N, K, obs_space.shape[0])
-        valid = torch.ones(T * N, K, dtype=torch.bool)
-        flat_actions = actions.flatten(0, 1)
+        K, P = args.context_len, args.memory_tokens
+        windows = torch.randn(T, N, K, obs_space.shape[0])
+        valid = torch.ones(T, N, K, dtype=torch.bool)
+        # memory mode: the memory carried into each step, and episode starts where it is reset
+        memory = torch.randn(T, N, P, args.token_dim) if P else None
+        starts = starts if P else None
         with torch.no_grad():
-            _, logprobs, _, values = agent.get_action_and_value(windows, valid, flat_actions)
+            _, logprobs, _, values = agent.get_action_and_value(windows, valid, actions, None,
+                                                                None if memory is None else memory[0], starts)[:4]
         optimizer = module.make_optimizer(agent, args)
-        batch = (windows, valid, flat_actions, logprobs, advantages.flatten(), returns.flatten(), values, None)
-        return lambda: module.update(agent, optimizer, module.ppo_loss, batch, args)
+        batch = (windows, valid, starts, actions, logprobs, advantages, returns, values, None)
+        return lambda: module.update(agent, optimizer, module.ppo_loss, batch, memory, args)
     agent = module.Agent(args, obs_space, action_space)
     flat_obs, flat_actions = obs.flatten(0, 1), actions.flatten(0, 1)
     with torch.no_grad():
