@@ -407,7 +407,9 @@ class TransformerAgent(nn.Module):
         for block in self.blocks:
             tokens = block(tokens, key_mask, diagnostics)
         features = self.final_norm(tokens[:, -self.num_tokens:]).flatten(1)
-        return features, (self.memory_norm(tokens[:, :P]) if P else None)
+        # The position tags the memory tokens for attention, added anew every step: taken back off before the memory
+        # is written, or it would pile up step after step and crowd out what the memory holds.
+        return features, (self.memory_norm(tokens[:, :P] - self.memory_position) if P else None)
 
     def features(self, windows: torch.Tensor, valid: torch.Tensor, memory: torch.Tensor | None = None,
                  diagnostics: dict | None = None) -> torch.Tensor:

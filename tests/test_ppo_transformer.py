@@ -283,6 +283,23 @@ def test_the_memory_outlives_the_window_within_an_episode():
         assert (not torch.allclose(*last, atol=1e-6)) == expect_change
 
 
+def test_a_network_that_writes_nothing_keeps_its_memory_step_after_step():
+    """Bug: the memory tokens' position (added every step to tag them for attention) written back with the memory:
+    it piles up over an episode and crowds out what the memory holds, even where the blocks write nothing."""
+    agent = memory_agent(context_len=2)
+    with torch.no_grad():
+        for block in agent.blocks:  # every branch silent: each block passes its input through
+            for layer in (block.out, block.ff[-1]):
+                layer.weight.zero_()
+                layer.bias.zero_()
+        obs, done = random_rollout(T=50)
+        done[:] = False
+        windows, valid, _, _ = simulate_context(obs, done, agent.context_len)
+        memory = torch.randn(3, 3, 8)
+        _, last = agent.sequence_features(windows, valid, memory, torch.zeros(50, 3, dtype=torch.bool))
+    torch.testing.assert_close(last, agent.memory_norm(memory), atol=1e-4, rtol=1e-4)
+
+
 def test_recomputed_memories_equal_the_acted_ones_under_the_same_weights():
     """Bugs: --recompute-memory rerunning from the wrong memory or the wrong chunk (shifted by one), or returning
     the sequences' memories in another order than the update's sequences (c * N + n)."""
