@@ -344,8 +344,10 @@ class TransformerScript(Script):
 class TransformerMemoryScript(TransformerScript):
     """ppo_transformer.py in memory mode: memory tokens carried step to step, 8-step sequences in the update (with
     7-step episodes, starts at every offset), a 2-step window beside the memory."""
+    # Full-size residual branches (not --small-init's quiet ones): the current step must read the memory from the
+    # first iteration, or a wrong memory in the update moves the first minibatch's ratio by only 1e-5.
     small = dict(TransformerScript.small, memory_tokens=2, context_len=2, bptt_len=8, num_minibatches=2,
-                 critic="shared")
+                 critic="shared", small_init=False)
     memory_keys = ("context",)
     genesis = dict(env_id="FrankaReach-v0", context_len=1, num_tokens=2, memory_tokens=2, bptt_len=0)
 
