@@ -3,11 +3,14 @@
     python benchmarks/train_throughput.py --env-id HalfCheetah-v5 --num-envs 1
     python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 256 1024
     python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 1024 --scripts ppo_continuous ppo_recurrent ppo_transformer
+    python benchmarks/train_throughput.py --env-id FrankaReachCue-v0 --num-envs 256 --iterations 8 \
+        --scripts ppo_transformer "ppo_transformer:memory_tokens=0,context_len=16"
 
 Three columns (docs/design.md §7), from `env_throughput.py`: the simulator alone (plain `gym.make` envs, or the
 Genesis scene's own steps), through `envs/` with random actions, and training: each script with its preset for
 the task (num_envs overridden; num_steps too, to the first script's, so every script trains on the same batch),
-the median SPS over iterations after the first (which warms up). The headline is training / simulator alone;
+the median SPS over iterations after the first (which warms up). A script may carry flags of its own on top of its
+preset, `script:flag=value,flag=value` (Python literals), to set two modes of one script side by side. The headline is training / simulator alone;
 for Genesis tasks "simulator during training" times the scene's own steps inside the training run (the states a
 policy visits simulate at another rate than random actions' do) and the headline divides by it;
 "vs first" divides a script's training SPS by the first script's, measured in the same process minutes apart.
@@ -23,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+import ast
 import dataclasses
 import importlib
 
@@ -46,9 +50,19 @@ class Args:
     raw_steps: int = 4000
     """timed random-action steps (all envs together) for the simulator-alone and envs/ measurements"""
     scripts: list[str] = field(default_factory=lambda: ["ppo_continuous"])
-    """training scripts to measure (module names), each on the first one's batch"""
+    """training scripts to measure (module names, optionally with flags: ppo_transformer:context_len=16), each on the first one's batch"""
     out: str | None = None
     """append the result row to this Markdown file"""
+
+
+def parse_script(spec: str) -> tuple[str, dict]:
+    """'ppo_transformer:memory_tokens=0,context_len=16' -> ('ppo_transformer', {'memory_tokens': 0, 'context_len': 16})."""
+    name, _, flags = spec.partition(":")
+    overrides = {}
+    for flag in filter(None, flags.split(",")):
+        key, _, value = flag.partition("=")
+        overrides[key.strip()] = ast.literal_eval(value.strip())
+    return name, overrides
 
 
 def measure(script: str, env_id: str, num_envs: int, num_steps: int | None, iterations: int) -> dict:
@@ -56,10 +70,11 @@ def measure(script: str, env_id: str, num_envs: int, num_steps: int | None, iter
     Genesis tasks the simulator's own steps/s during training (the time inside the scene's steps, the same robot
     states as the policy visits: a trained arm moves differently from random actions, and so simulates at another
     rate)."""
-    module = importlib.import_module(script)
+    name, overrides = parse_script(script)
+    module = importlib.import_module(name)
     steps = {"num_steps": num_steps} if num_steps else {}  # else the task's own
-    train_args = module.task_args(env_id, num_envs=num_envs, progress_bar=False, exp_name="throughput",
-                                  checkpoint_interval=10**9, **steps)
+    train_args = module.task_args(env_id, **{**overrides, "num_envs": num_envs, "progress_bar": False,
+                                             "exp_name": "throughput", "checkpoint_interval": 10**9, **steps})
     resolved = module.resolve_args(dataclasses.replace(train_args))
     train_args.total_timesteps = iterations * resolved.batch_size
     threads = torch.get_num_threads()  # a script may set its own (--torch-threads): not for the next one
@@ -120,7 +135,8 @@ def main(args: Args) -> list[dict]:
             simulator = simulator if simulator == simulator else alone_sps
             r.update(script=script, num_envs=num_envs, simulator_sps=alone_sps, env_sps=env_sps,
                      ratio=r["train_sps"] / simulator, vs_first=r["train_sps"] / first_sps)
-            row = (f"| {script}.py | {args.env_id} | {num_envs} x {num_steps} | {alone_sps:,.0f} | {env_sps:,.0f} "
+            label = script.replace(":", ".py ", 1) if ":" in script else f"{script}.py"
+            row = (f"| {label} | {args.env_id} | {num_envs} x {num_steps} | {alone_sps:,.0f} | {env_sps:,.0f} "
                    f"| {in_training} | {r['train_sps']:,.0f} | **{r['ratio']:.2f}** | {env_sps / alone_sps:.2f} "
                    f"| {r['vs_first']:.2f} | {r['rollout_fraction']:.2f} | {machine} |")
             print(row, flush=True)

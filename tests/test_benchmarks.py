@@ -252,3 +252,19 @@ def test_update_throughput_runs_each_scripts_own_update_on_the_batch_asked_for()
     for row in rows:
         assert row[1].strip() == "2 x 64" and int(row[2]) == 3 * 2  # the overrides, not the preset's 4 x 1024
         assert float(row[3]) > 0 and float(row[4]) > 0
+
+
+def test_train_throughput_trains_each_script_with_its_own_flags_on_the_first_ones_batch(monkeypatch):
+    """Bugs: a script's own flags (`script:flag=value`) dropped, so two modes of one script time the same preset;
+    or the flags overriding the batch every script must share."""
+    import ppo_transformer
+    from benchmarks import train_throughput
+
+    trained, original = [], ppo_transformer.train
+    monkeypatch.setattr(ppo_transformer, "train", lambda args, **kw: trained.append(args) or original(args, **kw))
+    specs = ["ppo_transformer:context_len=2,num_steps=64", "ppo_transformer:context_len=3,num_envs=8,num_steps=16"]
+    rows = train_throughput.main(train_throughput.Args(env_id="Pendulum-v1", num_envs=[2], iterations=2,
+                                                       raw_steps=100, scripts=specs))
+    assert [a.context_len for a in trained] == [2, 3]
+    assert [(a.num_envs, a.num_steps) for a in trained] == [(2, 64)] * 2  # the row's envs, the first one's steps
+    assert all(r["train_sps"] > 0 for r in rows)
