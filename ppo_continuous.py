@@ -208,6 +208,9 @@ PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = dict(
 PRESETS["FrankaPickCube-v0"] = dict(
     PRESETS["FrankaPushCube-v0"], hidden_sizes=(256, 256, 256), init_log_std=-0.5, num_minibatches=32,
     update_epochs=8, learning_rate=3e-4, lr_schedule="constant", target_kl=0.1, total_timesteps=5_000_000)
+# Stacking: the picking settings for ManiSkill3's StackCube-v1 budget (25M steps).
+PRESETS["FrankaStackCube-v0"] = PRESETS["FrankaStackCubeRandom-v0"] = dict(
+    PRESETS["FrankaPickCube-v0"], total_timesteps=25_000_000)
 # The memory-less baseline of ppo_recurrent.py and ppo_transformer.py: their settings, noise included.
 PRESETS["PendulumNoVel-v1"] = {**PRESETS["Pendulum-v1"], "total_timesteps": 300_000, "init_log_std": -0.5}
 # Genesis's locomotion example (rsl_rl's settings) with 128x128 networks for the CPU (its 512-256-128 on a GPU).

@@ -241,6 +241,10 @@ PRESETS["Go2Rough-v0"] = PRESETS["Go2RoughBlind-v0"] = dict(PRESETS["Go2Walk-v0"
 PRESETS["FrankaReachCue-v0"] = dict(memory_tokens=4, context_len=1, num_tokens=1, token_dim=32, critic="shared",
                                     num_envs=256, num_steps=100)
 PRESETS["FrankaPushCubeRandom-v0"] = dict(PRESETS["FrankaPushCube-v0"], context_len=16, num_tokens=1, token_dim=32)
+# Stacking in token mode for ManiSkill3's StackCube-v1 budget (25M steps); with unobserved masses and frictions, the
+# randomised push's 16-step history to infer them from.
+PRESETS["FrankaStackCube-v0"] = dict(PRESETS["FrankaPickCube-v0"], total_timesteps=25_000_000)
+PRESETS["FrankaStackCubeRandom-v0"] = dict(PRESETS["FrankaPushCubeRandom-v0"], total_timesteps=25_000_000)
 
 
 def task_args(env_id: str, **flags) -> Args:

@@ -9,7 +9,8 @@ Any Gymnasium id works (MuJoCo, classic control, Box2D), plus the partially obse
 `envs.partial` (`PendulumNoVel-v1`, `HalfCheetahNoVel-v5`, `HalfCheetah-P-v5`, ...) and the Genesis
 arm tasks `FrankaReach-v0`, `FrankaReachNoVel-v0` (velocities hidden) and `FrankaReachCue-v0` (target seen
 only at first) (`envs.franka`), `FrankaPushCube-v0`, `FrankaPushCubeRandom-v0` (unobserved mass and friction)
-and `FrankaPickCube-v0` (`envs.franka_cube`), the quadruped `Go2Walk-v0`, `Go2WalkNoVel-v0` (base velocities
+`FrankaPickCube-v0`, `FrankaStackCube-v0` and `FrankaStackCubeRandom-v0` (unobserved masses and
+frictions) (`envs.franka_cube`), the quadruped `Go2Walk-v0`, `Go2WalkNoVel-v0` (base velocities
 hidden) and `Go2WalkNoVelAll-v0` (joint velocities too) (`envs.go2`), the same on rough terrain with a terrain
 curriculum, `Go2Rough-v0` (a height scan) and `Go2RoughBlind-v0` (none) (`envs.go2_rough`), and the memory task `MemoryCue-v0`
 (`envs.memory`). Importing this package registers them with Gymnasium.
@@ -45,6 +46,8 @@ for _id, _entry, _steps, _kwargs in (
     ("FrankaPushCube-v0", "envs.franka_cube:FrankaPushCubeVecEnv", 50, {}),
     ("FrankaPushCubeRandom-v0", "envs.franka_cube:FrankaPushCubeVecEnv", 50, {"randomise_dynamics": True}),
     ("FrankaPickCube-v0", "envs.franka_cube:FrankaPickCubeVecEnv", 50, {}),
+    ("FrankaStackCube-v0", "envs.franka_cube:FrankaStackCubeVecEnv", 50, {}),
+    ("FrankaStackCubeRandom-v0", "envs.franka_cube:FrankaStackCubeVecEnv", 50, {"randomise_dynamics": True}),
 ):
     if _id not in gym.registry:
         gym.register(_id, vector_entry_point=_entry, max_episode_steps=_steps, kwargs=_kwargs)

@@ -15,6 +15,11 @@ are penalised by a bounded term of their own. The tables of observations, action
 - `FrankaPickCube-v0` (as ManiSkill3's PickCube-v1 and Isaac Lab's lift): an 8th action drives the gripper
   (-1 closed, +1 open); grasp the cube, lift it to a goal point in the air and hold it there with the arm
   nearly still.
+- `FrankaStackCube-v0` (as ManiSkill3's StackCube-v1): two cubes; grasp A, place it on B and let go, A resting
+  there still. ManiSkill3's staged reward (reach A; grasped: carry A above B; A on B: open and keep A still;
+  solved), normalised by the top stage's value, and the highest stage each episode reached as a metric.
+- `FrankaStackCubeRandom-v0`: the same with both cubes' masses and the cubes' and table's frictions drawn per
+  episode, unobserved by the policy and offered to the critic.
 
 Every reward term is bounded and monotone in what it measures and is reported in `info["reward_terms"]`.
 At an episode's end `info["success"]` says whether the task is solved on its last step, and
@@ -74,13 +79,51 @@ class FrankaCubeVecEnv(FrankaArmVecEnv):
 
     def _reset_cube(self, envs_idx: torch.Tensor) -> torch.Tensor:
         """The cube at rest on the table, upright, at a uniform position in the cube ranges; returns it."""
-        n = len(envs_idx)
-        pos = self._uniform(n, self.cube_low, self.cube_high)
-        upright = torch.tensor((1.0, 0.0, 0.0, 0.0), device=pos.device).expand(n, 4)
-        self.cube.set_pos(pos, envs_idx=envs_idx, skip_forward=True)
-        self.cube.set_quat(upright, envs_idx=envs_idx, zero_velocity=True)
+        pos = self._uniform(len(envs_idx), self.cube_low, self.cube_high)
+        self._place(self.cube, pos, envs_idx)
         self.solved_once[envs_idx] = False
         return pos
+
+    @staticmethod
+    def _place(body, pos: torch.Tensor, envs_idx: torch.Tensor) -> None:
+        """`body` upright and at rest at `pos` (one row per env of `envs_idx`)."""
+        upright = torch.tensor((1.0, 0.0, 0.0, 0.0), device=pos.device).expand(len(envs_idx), 4)
+        body.set_pos(pos, envs_idx=envs_idx, skip_forward=True)
+        body.set_quat(upright, envs_idx=envs_idx, zero_velocity=True)
+
+    # ---------------------------------------------------------- dynamics drawn per episode, hidden from the policy
+    def _randomise_dynamics(self, ranges: dict[str, tuple[float, float]]) -> None:
+        """Draw each named quantity per episode, uniform in its range (`<body>_mass` in kg, `<body>_friction` a
+        friction multiplier, `<body>` an attribute: cube, cube_b, table); the policy does not see them, the critic
+        sees them after the policy's observation. Call at the end of __init__, with `batch_links_info` passed to
+        the scene (per-env masses need Genesis's per-env link data)."""
+        sim = self.goal_pos.device
+        self.dynamics_names = tuple(ranges)
+        self.dynamics_low = torch.tensor([low for low, _ in ranges.values()], device=sim)
+        self.dynamics_high = torch.tensor([high for _, high in ranges.values()], device=sim)
+        self.dynamics = torch.zeros(self.num_envs, len(ranges), device=sim)
+        self.STATE = (*self.STATE, "dynamics")
+        self._offer_critic_observation(self.single_observation_space.shape[0] + len(ranges))
+
+    def _draw_dynamics(self, envs_idx: torch.Tensor) -> None:
+        if getattr(self, "dynamics_names", None):
+            self.dynamics[envs_idx] = self._uniform(len(envs_idx), self.dynamics_low, self.dynamics_high)
+            self._send_dynamics(envs_idx)
+
+    def _send_dynamics(self, envs_idx: torch.Tensor) -> None:
+        """The drawn masses and frictions of these envs, to the simulator. Genesis takes the larger of two bodies'
+        frictions for their contact, so a cube slides on the table with the larger of the two draws."""
+        drawn = self.dynamics[envs_idx]
+        for column, name in enumerate(self.dynamics_names):
+            body, quantity = name.rsplit("_", 1)
+            value = drawn[:, column:column + 1]
+            if quantity == "mass":
+                getattr(self, body).set_links_mass(value, envs_idx=envs_idx)
+            else:
+                getattr(self, body).set_friction_ratio(value, links_idx_local=[0], envs_idx=envs_idx)
+
+    def _observe_critic(self) -> torch.Tensor:
+        return torch.cat([self._observe(), self.dynamics], dim=-1)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "cube_qpos": self.cube.get_qpos().cpu(),
@@ -92,6 +135,8 @@ class FrankaCubeVecEnv(FrankaArmVecEnv):
         super().load_state_dict(state)
         self.cube.set_qpos(state["cube_qpos"].to(gs.device), zero_velocity=False)
         self.cube.set_dofs_velocity(state["cube_dofs_velocity"].to(gs.device))
+        if getattr(self, "dynamics_names", None):
+            self._send_dynamics(torch.arange(self.num_envs, device=self.dynamics.device))
 
     def _read_cube_state(self) -> None:
         self._read_arm_state()
@@ -160,7 +205,6 @@ class FrankaPushCubeVecEnv(FrankaCubeVecEnv):
             raise ValueError(f"goal_radius must be positive, got {goal_radius!r}")
         self.goal_offset_x, self.goal_radius, self.reach_gate = goal_offset_x, goal_radius, reach_gate
         self.weights = {"reach": reach_weight, "push": push_weight, "success": success_weight}
-        self.randomise_dynamics = randomise_dynamics
         obs_dim = 3 * NUM_ARM_JOINTS + 6 + 10 + 2 + 3 + 2
         # Per-env masses need Genesis's per-env link data (a little slower, so only for the randomised task).
         super().__init__(num_envs, seed, device, sim_device, max_episode_steps, decimation, sim_dt, action_scale,
@@ -173,13 +217,8 @@ class FrankaPushCubeVecEnv(FrankaCubeVecEnv):
         self.goal_y_range = torch.tensor(goal_y_range, device=sim)
         self.push_dir = torch.zeros(num_envs, 2, device=sim)  # unit vector from the cube's start to the goal
         if randomise_dynamics:
-            self.dynamics_low = torch.tensor((cube_mass_range[0], cube_friction_range[0], table_friction_range[0]),
-                                             device=sim)
-            self.dynamics_high = torch.tensor((cube_mass_range[1], cube_friction_range[1], table_friction_range[1]),
-                                              device=sim)
-            self.dynamics = torch.zeros(num_envs, 3, device=sim)  # mass (kg), cube friction, table friction
-            self.STATE = (*self.STATE, "dynamics")
-            self._offer_critic_observation(obs_dim + 3)  # the policy's observation and the dynamics drawn
+            self._randomise_dynamics({"cube_mass": cube_mass_range, "cube_friction": cube_friction_range,
+                                      "table_friction": table_friction_range})
 
     def _add_objects(self, scene) -> None:
         super()._add_objects(scene)
@@ -208,25 +247,9 @@ class FrankaPushCubeVecEnv(FrankaCubeVecEnv):
         self.goal_pos[envs_idx] = goal
         to_goal = goal[:, :2] - cube[:, :2]
         self.push_dir[envs_idx] = to_goal / to_goal.norm(dim=-1, keepdim=True)
-        if self.randomise_dynamics:
-            drawn = self._uniform(n, self.dynamics_low, self.dynamics_high)
-            self.dynamics[envs_idx] = drawn
-            self._send_dynamics(envs_idx)
+        self._draw_dynamics(envs_idx)
         if getattr(self, "goal_marker", None) is not None:
             self.goal_marker.set_pos(goal + torch.tensor((0.0, 0.0, 0.001), device=goal.device), envs_idx=envs_idx)
-
-    def _send_dynamics(self, envs_idx: torch.Tensor) -> None:
-        """The cube's mass and friction and the table's friction of these envs, as drawn. Genesis takes the
-        larger of two bodies' frictions for their contact, so the cube-table friction is the larger draw."""
-        mass, cube_friction, table_friction = self.dynamics[envs_idx].unbind(-1)
-        self.cube.set_links_mass(mass[:, None], envs_idx=envs_idx)
-        self.cube.set_friction_ratio(cube_friction[:, None], links_idx_local=[0], envs_idx=envs_idx)
-        self.table.set_friction_ratio(table_friction[:, None], links_idx_local=[0], envs_idx=envs_idx)
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        if self.randomise_dynamics:
-            self._send_dynamics(torch.arange(self.num_envs, device=self.dynamics.device))
 
     def _read_state(self) -> None:
         self._read_cube_state()
@@ -239,9 +262,6 @@ class FrankaPushCubeVecEnv(FrankaCubeVecEnv):
         return torch.cat([self.q - self.home_qpos[:NUM_ARM_JOINTS], self.qd, self.prev_action, self.ee_pos,
                           self.ee_vel, self.cube_pos, self.cube_quat, self.cube_vel, self.goal_pos[:, :2],
                           self.to_push_point, self.cube_to_goal], dim=-1)
-
-    def _observe_critic(self) -> torch.Tensor:
-        return torch.cat([self._observe(), self.dynamics], dim=-1)
 
     def _evaluate(self, action: torch.Tensor):
         reach_distance = self.to_push_point.norm(dim=-1)
@@ -258,7 +278,34 @@ class FrankaPushCubeVecEnv(FrankaCubeVecEnv):
         return terms, torch.zeros_like(self.solved)  # the cube must stay in the region until the time limit
 
 
-class FrankaPickCubeVecEnv(FrankaCubeVecEnv):
+class FrankaGraspVecEnv(FrankaCubeVecEnv):
+    """What the gripping tasks share: an 8th action drives the gripper (-1 closed, +1 open), episodes start with it
+    open, and the cube counts as grasped when it is between the fingertips with the gripper closing on it."""
+
+    def _finger_command(self) -> torch.Tensor:
+        """The gripper action (the 8th) maps -1..1 to each finger's closed..open position."""
+        opening = (self.prev_action[:, NUM_ARM_JOINTS] + 1.0) / 2.0
+        finger = FINGERS_CLOSED + (FINGERS_OPEN - FINGERS_CLOSED) * opening
+        return finger[:, None].expand(self.num_envs, 2)
+
+    def _reset_arm_open(self, envs_idx: torch.Tensor) -> None:
+        """The arm home plus noise with the gripper open. Its action is set before the arm is placed (the fingers
+        are placed where _finger_command() reads it to be) and again after (_reset_arm zeroes the previous action)."""
+        self.prev_action[envs_idx, NUM_ARM_JOINTS] = 1.0
+        self._reset_arm(envs_idx)
+        self.prev_action[envs_idx, NUM_ARM_JOINTS] = 1.0
+
+    def _read_grasp(self) -> None:
+        """The fingers, the cube relative to the TCP, and whether it is grasped: the cube between the fingertips, the
+        fingers closing and stopped by it (not shut)."""
+        self.fingers = self.robot.get_dofs_position()[:, NUM_ARM_JOINTS:]
+        self.to_cube = self.cube_pos - self.ee_pos
+        width = self.fingers.sum(-1)
+        closing = self.prev_action[:, NUM_ARM_JOINTS] < 0.0
+        self.grasped = (self.to_cube.norm(dim=-1) < 0.02) & closing & (width > 2 * CUBE_HALF_SIZE - 0.01)
+
+
+class FrankaPickCubeVecEnv(FrankaGraspVecEnv):
     """`num_envs` Pandas picking up a cube and holding it at a goal point in the air."""
 
     def __init__(
@@ -303,8 +350,6 @@ class FrankaPickCubeVecEnv(FrankaCubeVecEnv):
 
         self.goal_low = torch.tensor((cube_x_range[0], cube_y_range[0], goal_height_range[0]), device=gs.device)
         self.goal_high = torch.tensor((cube_x_range[1], cube_y_range[1], goal_height_range[1]), device=gs.device)
-        self.left_finger = self.robot.get_link("left_finger").idx_local
-        self.right_finger = self.robot.get_link("right_finger").idx_local
 
     def _add_objects(self, scene) -> None:
         super()._add_objects(scene)
@@ -316,19 +361,9 @@ class FrankaPickCubeVecEnv(FrankaCubeVecEnv):
                 surface=gs.surfaces.Default(color=(0.1, 0.7, 0.2)),
             )
 
-    def _finger_command(self) -> torch.Tensor:
-        """The gripper action (the 8th) maps -1..1 to each finger's closed..open position."""
-        opening = (self.prev_action[:, NUM_ARM_JOINTS] + 1.0) / 2.0
-        finger = FINGERS_CLOSED + (FINGERS_OPEN - FINGERS_CLOSED) * opening
-        return finger[:, None].expand(self.num_envs, 2)
-
     def _reset_envs(self, envs_idx: torch.Tensor) -> None:
         """Arm home plus noise with the gripper open, cube at rest at a random spot, goal above the cube area."""
-        # The gripper starts open: its action is set before the arm is placed (the fingers are placed where
-        # _finger_command() reads it to be) and again after (_reset_arm zeroes the previous action).
-        self.prev_action[envs_idx, NUM_ARM_JOINTS] = 1.0
-        self._reset_arm(envs_idx)
-        self.prev_action[envs_idx, NUM_ARM_JOINTS] = 1.0
+        self._reset_arm_open(envs_idx)
         self._reset_cube(envs_idx)
         self.goal_pos[envs_idx] = self._uniform(len(envs_idx), self.goal_low, self.goal_high)
         if getattr(self, "goal_marker", None) is not None:
@@ -336,13 +371,8 @@ class FrankaPickCubeVecEnv(FrankaCubeVecEnv):
 
     def _read_state(self) -> None:
         self._read_cube_state()
-        self.fingers = self.robot.get_dofs_position()[:, NUM_ARM_JOINTS:]
-        self.to_cube = self.cube_pos - self.ee_pos
+        self._read_grasp()
         self.cube_to_goal = self.goal_pos - self.cube_pos
-        # Grasped: the cube between the fingertips, the fingers closing and stopped by it (not shut).
-        width = self.fingers.sum(-1)
-        closing = self.prev_action[:, NUM_ARM_JOINTS] < 0.0
-        self.grasped = (self.to_cube.norm(dim=-1) < 0.02) & closing & (width > 2 * CUBE_HALF_SIZE - 0.01)
 
     def _observe(self) -> torch.Tensor:
         return torch.cat([self.q - self.home_qpos[:NUM_ARM_JOINTS], self.qd, self.prev_action, self.fingers,
@@ -371,3 +401,183 @@ class FrankaPickCubeVecEnv(FrankaCubeVecEnv):
         }
         return terms, torch.zeros_like(self.solved)
 
+
+
+# Two cubes' centres stay this far apart at reset (ManiSkill3's placement: each cube's bounding circle plus 1 mm).
+CUBE_SEPARATION = 2 * (2 ** 0.5 * CUBE_HALF_SIZE + 0.001)
+STACK_STAGES = ("reach", "grasped", "stacked", "solved")  # the stage a step is in: 0, 1, 2, 3
+
+
+class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
+    """`num_envs` Pandas stacking cube A (red) on cube B (green), as ManiSkill3's StackCube-v1.
+
+    Solved when A rests on B (centres within the cubes' half-diagonal + 5 mm in the plane, A's bottom within 5 mm of
+    B's top), A is still (under 1 cm/s and 0.5 rad/s) and released (not grasped). ManiSkill3's staged dense reward,
+    split into terms that add up to it and normalised by the top stage's value (8): reach A (2 · closeness);
+    grasped: 4 + closeness of A to the point on top of B; A on B: 6 + (gripper opening + A's stillness) / 2;
+    solved: 8. `info["episode_metrics"]`: `stage`, the highest stage an episode reached (STACK_STAGES: 0-3), and
+    `reached_grasped`, `reached_stacked` (that stage or a higher one), beside `success_once`."""
+
+    STATE = (*FrankaCubeVecEnv.STATE, "best_stage")
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        sim_device: str = "auto",
+        max_episode_steps: int = 50,
+        decimation: int = 5,
+        sim_dt: float = 0.01,
+        action_scale: float = 0.1,
+        init_noise: float = 0.05,
+        cube_area_centre: tuple[float, float] = (0.5, 0.0),
+        cube_area_shift: tuple[float, float] = (0.1, 0.1),
+        cube_area_half_size: tuple[float, float] = (0.1, 0.2),
+        stack_tolerance: float = 0.005,
+        static_speed: float = 0.01,
+        static_angular_speed: float = 0.5,
+        reach_weight: float = 2 / 8,
+        grasp_weight: float = 2 / 8,
+        place_weight: float = 1 / 8,
+        stack_weight: float = 1 / 8,
+        release_weight: float = 0.5 / 8,
+        still_weight: float = 0.5 / 8,
+        success_weight: float = 1 / 8,
+        table_contact_weight: float = 0.5 / 8,
+        action_rate_weight: float = 0.01 / 8,
+        randomise_dynamics: bool = False,
+        cube_mass_range: tuple[float, float] = (0.02, 0.15),
+        cube_friction_range: tuple[float, float] = (0.3, 1.0),
+        table_friction_range: tuple[float, float] = (0.3, 1.0),
+        stagger_episodes: bool = True,
+        max_abs_value: float | None = MAX_ABS_VALUE,
+        render_mode: str | None = None,
+    ):
+        centre, shift, half = (torch.tensor(v, dtype=torch.float32) for v in
+                               (cube_area_centre, cube_area_shift, cube_area_half_size))
+        if not ((shift >= 0).all() and (half > 0).all()):
+            raise ValueError(f"cube_area_shift must be >= 0 and cube_area_half_size > 0, got {cube_area_shift!r} "
+                             f"and {cube_area_half_size!r}")
+        if not (half > CUBE_SEPARATION).all():
+            raise ValueError(f"cube_area_half_size must exceed {CUBE_SEPARATION:.4f} m each way so two cubes fit apart, "
+                             f"got {cube_area_half_size!r}")
+        self.stack_tolerance, self.static_speed, self.static_angular_speed = (stack_tolerance, static_speed,
+                                                                             static_angular_speed)
+        self.weights = {"reach": reach_weight, "grasp": grasp_weight, "place": place_weight, "stack": stack_weight,
+                        "release": release_weight, "still": still_weight, "success": success_weight}
+        reach = shift + half  # where a cube's centre can be, around cube_area_centre
+        obs_dim = 3 * NUM_ARM_JOINTS + 1 + 2 + 6 + 2 * 10 + 3 * 3
+        super().__init__(num_envs, seed, device, sim_device, max_episode_steps, decimation, sim_dt, action_scale,
+                         init_noise, obs_dim, NUM_ARM_JOINTS + 1, stagger_episodes, max_abs_value, render_mode,
+                         (float(centre[0] - reach[0]), float(centre[0] + reach[0])),
+                         (float(centre[1] - reach[1]), float(centre[1] + reach[1])),
+                         table_contact_weight, action_rate_weight,
+                         **({"batch_links_info": True} if randomise_dynamics else {}))
+        import genesis as gs
+
+        sim = gs.device
+        self.area_centre, self.area_shift, self.area_half = centre.to(sim), shift.to(sim), half.to(sim)
+        self.best_stage = torch.zeros(num_envs, dtype=torch.int64, device=sim)
+        if randomise_dynamics:
+            self._randomise_dynamics({"cube_mass": cube_mass_range, "cube_b_mass": cube_mass_range,
+                                      "cube_friction": cube_friction_range, "cube_b_friction": cube_friction_range,
+                                      "table_friction": table_friction_range})
+
+    def _add_objects(self, scene) -> None:
+        super()._add_objects(scene)  # cube A, red
+        import genesis as gs
+
+        self.cube_b = scene.add_entity(
+            gs.morphs.Box(size=(2 * CUBE_HALF_SIZE,) * 3, pos=(0.5, 0.2, CUBE_HALF_SIZE)),
+            surface=gs.surfaces.Default(color=(0.1, 0.7, 0.2)),
+        )
+
+    def _draw_cube_positions(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """ManiSkill3's placement: the area shifted by a uniform offset, each cube uniform in it, B redrawn while it
+        is nearer A than CUBE_SEPARATION (a fixed number of rounds, no host sync; what is still too near after them,
+        about 1e-17 of draws, is moved out to CUBE_SEPARATION along the line between the two)."""
+        centre = self.area_centre + self._uniform(n, -self.area_shift, self.area_shift)
+        a = centre + self._uniform(n, -self.area_half, self.area_half)
+        b = centre + self._uniform(n, -self.area_half, self.area_half)
+        for _ in range(20):
+            too_near = ((b - a).norm(dim=-1) < CUBE_SEPARATION)[:, None]
+            b = torch.where(too_near, centre + self._uniform(n, -self.area_half, self.area_half), b)
+        apart = b - a
+        distance = apart.norm(dim=-1, keepdim=True)
+        direction = torch.where(distance > 1e-6, apart / distance.clamp(min=1e-6), torch.tensor((0.0, 1.0), device=a.device))
+        b = torch.where(distance < CUBE_SEPARATION, a + CUBE_SEPARATION * direction, b)
+        on_table = torch.full((n, 1), CUBE_HALF_SIZE, device=a.device)
+        return torch.cat([a, on_table], -1), torch.cat([b, on_table], -1)
+
+    def _reset_envs(self, envs_idx: torch.Tensor) -> None:
+        """Arm home plus noise with the gripper open, both cubes upright at rest on the table, apart."""
+        self._reset_arm_open(envs_idx)
+        a, b = self._draw_cube_positions(len(envs_idx))
+        self._place(self.cube, a, envs_idx)
+        self._place(self.cube_b, b, envs_idx)
+        self.solved_once[envs_idx] = False
+        self.best_stage[envs_idx] = 0
+        self._draw_dynamics(envs_idx)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "cube_b_qpos": self.cube_b.get_qpos().cpu(),
+                "cube_b_dofs_velocity": self.cube_b.get_dofs_velocity().cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        import genesis as gs
+
+        self.cube_b.set_qpos(state["cube_b_qpos"].to(gs.device), zero_velocity=False)
+        self.cube_b.set_dofs_velocity(state["cube_b_dofs_velocity"].to(gs.device))
+        super().load_state_dict(state)
+
+    def _read_state(self) -> None:
+        self._read_cube_state()
+        self._read_grasp()
+        self.cube_ang = self.cube.get_ang()
+        self.cube_b_pos, self.cube_b_quat, self.cube_b_vel = self.cube_b.get_pos(), self.cube_b.get_quat(), self.cube_b.get_vel()
+        self.goal_pos = self.cube_b_pos + torch.tensor((0.0, 0.0, 2 * CUBE_HALF_SIZE), device=self.cube_b_pos.device)
+        self.to_cube_b = self.cube_b_pos - self.ee_pos
+        self.cube_to_goal = self.goal_pos - self.cube_pos
+
+    def _observe(self) -> torch.Tensor:
+        return torch.cat([self.q - self.home_qpos[:NUM_ARM_JOINTS], self.qd, self.prev_action, self.fingers,
+                          self.ee_pos, self.ee_vel, self.cube_pos, self.cube_quat, self.cube_vel, self.cube_b_pos,
+                          self.cube_b_quat, self.cube_b_vel, self.to_cube, self.to_cube_b, self.cube_to_goal], dim=-1)
+
+    def _stage(self) -> torch.Tensor:
+        """Each env's stage now (STACK_STAGES): solved, else A on B, else A grasped, else reaching."""
+        offset = self.cube_pos - self.cube_b_pos
+        on_b = ((offset[:, :2].norm(dim=-1) <= 2 ** 0.5 * CUBE_HALF_SIZE + self.stack_tolerance)
+                & ((offset[:, 2] - 2 * CUBE_HALF_SIZE).abs() <= self.stack_tolerance))
+        static = (self.cube_vel.norm(dim=-1) <= self.static_speed) & (self.cube_ang.norm(dim=-1) <= self.static_angular_speed)
+        self.solved = on_b & static & ~self.grasped
+        return torch.where(self.solved, 3, torch.where(on_b, 2, self.grasped.long()))
+
+    def _evaluate(self, action: torch.Tensor):
+        stage = self.stage = self._stage()
+        self.best_stage = torch.maximum(self.best_stage, stage)
+        # Each stage's reward is the one below at its top plus what the stage itself pays (ManiSkill3's values).
+        opening = torch.where(self.grasped, self.fingers.sum(-1) / (2 * FINGERS_OPEN), 1.0)
+        stillness = 1.0 - torch.tanh(10.0 * self.cube_vel.norm(dim=-1) + self.cube_ang.norm(dim=-1))
+        w, above = self.weights, lambda k: (stage > k).float()
+        terms = {
+            "reach": w["reach"] * torch.where(stage > 0, 1.0, closeness(self.to_cube.norm(dim=-1))),
+            "grasp": w["grasp"] * above(0),
+            "place": w["place"] * torch.where(stage > 1, 1.0, closeness(self.cube_to_goal.norm(dim=-1)) * above(0)),
+            "stack": w["stack"] * above(1),
+            "release": w["release"] * torch.where(stage > 2, 1.0, opening * above(1)),
+            "still": w["still"] * torch.where(stage > 2, 1.0, stillness * above(1)),
+            "success": w["success"] * above(2),
+            **self._common_terms(),
+        }
+        return terms, torch.zeros_like(self.solved)  # A must stay stacked until the time limit
+
+    def _episode_info(self, ended: torch.Tensor) -> dict:
+        """Success at the end and at any step (FrankaCubeVecEnv), and the highest stage the episode reached."""
+        info = super()._episode_info(ended)
+        ended_f = ended.float()
+        info["episode_metrics"].update(stage=self.best_stage * ended_f,  # 0-3, and whether it got that far:
+                                       reached_grasped=(self.best_stage >= 1) * ended_f,
+                                       reached_stacked=(self.best_stage >= 2) * ended_f)
+        return info

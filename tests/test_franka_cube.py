@@ -8,11 +8,13 @@ import torch
 
 import envs
 from conftest import check_episode_statistics, check_resume, check_seeding
-from envs.franka_cube import CUBE_HALF_SIZE
+from envs.franka import TCP_OFFSET
+from envs.franka_cube import CUBE_HALF_SIZE, CUBE_SEPARATION
 
 CPU = dict(sim_device="cpu", stagger_episodes=False)
 EPISODE = 10
 CUBE_IDS = ("FrankaPushCube-v0", "FrankaPushCubeRandom-v0", "FrankaPickCube-v0")
+STACK_IDS = ("FrankaStackCube-v0", "FrankaStackCubeRandom-v0")
 # A joint pose found by sampling that drives the hand link into the table (the fingers stay clear of it).
 HAND_ON_TABLE = (-0.0188, -0.8762, -2.2202, -2.9755, -2.4453, 1.4852, 1.5889)
 
@@ -26,7 +28,7 @@ def actions(vec, steps, seed=0, scale=1.0):
 @pytest.fixture(scope="module")
 def scenes():
     made = {env_id: envs.make(env_id, num_envs=4, seed=0, max_episode_steps=EPISODE, **CPU)
-            for env_id in (*CUBE_IDS, "FrankaReachCue-v0")}
+            for env_id in (*CUBE_IDS, *STACK_IDS, "FrankaReachCue-v0")}
     for env_id, vec in made.items():
         vec.env_id = env_id
     yield made
@@ -39,7 +41,7 @@ def cube_task(request, scenes):
     return scenes[request.param]
 
 
-@pytest.fixture(params=(*CUBE_IDS, "FrankaReachCue-v0"))
+@pytest.fixture(params=(*CUBE_IDS, *STACK_IDS, "FrankaReachCue-v0"))
 def any_task(request, scenes):
     return scenes[request.param]
 
@@ -49,7 +51,8 @@ def test_registered_ids_have_the_documented_spaces(scenes):
     shapes = {env_id: (vec.single_observation_space.shape[0], vec.single_action_space.shape[0])
               for env_id, vec in scenes.items()}
     assert shapes == {"FrankaPushCube-v0": (44, 7), "FrankaPushCubeRandom-v0": (44, 7),
-                      "FrankaPickCube-v0": (49, 8), "FrankaReachCue-v0": (34, 7)}
+                      "FrankaPickCube-v0": (49, 8), "FrankaReachCue-v0": (34, 7),
+                      "FrankaStackCube-v0": (59, 8), "FrankaStackCubeRandom-v0": (59, 8)}
     for vec in scenes.values():
         obs, _ = vec.reset(seed=0)
         assert obs.shape == (4, vec.single_observation_space.shape[0]) and obs.dtype == torch.float32
@@ -182,22 +185,29 @@ def test_cue_target_is_visible_exactly_the_first_cue_steps(scenes):
         obs = cue.step(action)[0]
 
 
-def test_randomised_dynamics_differ_per_episode_stay_in_range_and_are_not_observed(scenes):
+# The documented ranges of what the randomised tasks draw per episode (docs/tasks.md), column by column.
+DRAWN = {"FrankaPushCubeRandom-v0": ((0.05, 1.0), (0.05, 1.0), (0.05, 1.0)),
+         "FrankaStackCubeRandom-v0": ((0.02, 0.15), (0.02, 0.15), (0.3, 1.0), (0.3, 1.0), (0.3, 1.0))}
+
+
+@pytest.mark.parametrize("env_id", DRAWN)
+def test_randomised_dynamics_differ_per_episode_stay_in_range_and_are_not_observed(scenes, env_id):
     """Bugs: one draw for every env or every episode (nothing to infer), values outside the documented ranges, a
-    draw that never reaches the simulator, or the mass or friction leaking into the observation."""
-    rand = scenes["FrankaPushCubeRandom-v0"]
+    draw that never reaches the simulator (a cube's mass), or the masses or frictions leaking into the observation."""
+    rand = scenes[env_id]
     rand.reset(seed=7)
     first = rand.dynamics.clone()
     rand.reset(seed=8)
     second = rand.dynamics.clone()
     both = torch.cat([first, second])
     assert len(set(both[:, 0].tolist())) == 8 and not torch.allclose(first, second)
-    assert ((both[:, 0] >= 0.05) & (both[:, 0] <= 1.0)).all()
-    assert ((both[:, 1:] >= 0.05) & (both[:, 1:] <= 1.0)).all()
-    torch.testing.assert_close(rand.cube.get_links_mass()[:, 0] if rand.cube.get_links_mass().dim() > 1
-                               else rand.cube.get_links_mass(), second[:, 0])
+    for column, (low, high) in enumerate(DRAWN[env_id]):
+        assert ((both[:, column] >= low) & (both[:, column] <= high)).all(), column
+    for column, body in enumerate(("cube", "cube_b")[:1 + hasattr(rand, "cube_b")]):
+        mass = getattr(rand, body).get_links_mass()
+        torch.testing.assert_close(mass[:, 0] if mass.dim() > 1 else mass, second[:, column])
     obs = rand._observe()
-    rand.dynamics[:] = torch.tensor([0.9, 0.9, 0.9])
+    rand.dynamics[:] = torch.tensor(DRAWN[env_id])[:, 1]
     rand._send_dynamics(torch.arange(4))
     torch.testing.assert_close(rand._observe(), obs)
 
@@ -233,6 +243,8 @@ def test_state_dict_resumes_the_same_trajectory(any_task):
         any_task.step(action)
     if hasattr(any_task, "cube"):  # a cube in flight: its velocity matters
         any_task.cube.set_pos(torch.tensor([[0.45, 0.05, 0.2]]), envs_idx=torch.tensor([2]))
+    if hasattr(any_task, "cube_b"):  # and the other one
+        any_task.cube_b.set_pos(torch.tensor([[0.55, -0.05, 0.15]]), envs_idx=torch.tensor([1]))
     any_task.step(torch.zeros(4, any_task.single_action_space.shape[0]))
     check_resume(any_task, lambda: envs.make(any_task.env_id, num_envs=4, seed=99, max_episode_steps=EPISODE, **CPU),
                  actions(any_task, 2, seed=12, scale=0.3), atol=1e-4)
@@ -248,7 +260,7 @@ def test_subset_reset_touches_only_the_masked_envs(any_task):
     assert any_task.episode_step[1] == 0 and new_obs[1, 7:14].abs().max() < 1e-4  # joints at rest
 
 
-@pytest.mark.parametrize("env_id", ["FrankaPushCube-v0", "FrankaPickCube-v0"])
+@pytest.mark.parametrize("env_id", ["FrankaPushCube-v0", "FrankaPickCube-v0", "FrankaStackCube-v0"])
 def test_headless_video_frame_shows_table_cube_goal_and_gripper(env_id):
     """Bug: --capture-video renders without the cube or the goal marker, or the marker collides with the cube."""
     vec = envs.make(env_id, num_envs=2, render_mode="rgb_array", **CPU)
@@ -287,11 +299,28 @@ def test_each_script_trains_logs_and_evaluates_a_new_task(script, in_tmp):
         assert result["success_rate"] <= result["success_once"] <= 1.0
 
 
+def test_the_stack_stages_reach_the_logs_and_the_evaluation_report(in_tmp):
+    """Bugs: the stage metrics lost between info and TensorBoard/W&B or --eval-checkpoint's report, or the randomised
+    stack's critic observation not reaching a privileged critic."""
+    import ppo_continuous
+
+    args = ppo_continuous.task_args("FrankaStackCubeRandom-v0", num_envs=8, num_steps=8, num_minibatches=2,
+                                    update_epochs=1, total_timesteps=8 * 8 * 2, hidden_sizes=(16,),
+                                    privileged_critic=True, env_kwargs={"max_episode_steps": 5}, sim_device="cpu")
+    summary = ppo_continuous.train(args)
+    for h in summary["history"]:
+        assert 0.0 <= h["episode_metrics/stage"] <= 3.0
+        assert 0.0 <= h["episode_metrics/reached_stacked"] <= h["episode_metrics/reached_grasped"] <= 1.0
+    result = ppo_continuous.evaluate(summary["checkpoint"], episodes=3, device="cpu", sim_device="cpu")
+    assert result["episodes"] == 3 and 0.0 <= result["stage"] <= 3.0 and "reached_grasped" in result
+
+
 @pytest.mark.parametrize("env_id,kwargs,match", [
     ("FrankaReachCue-v0", {"cue_steps": 0}, "cue_steps"),
     ("FrankaReachCue-v0", {"cue_step": 3}, "no option 'cue_step'; its options are: .*cue_steps.*success_threshold"),
     ("FrankaPushCube-v0", {"goal_radius": 0.0}, "goal_radius"),
     ("FrankaPickCube-v0", {"decimation": 0}, "decimation"),
+    ("FrankaStackCube-v0", {"cube_area_half_size": (0.05, 0.2)}, "cube_area_half_size"),
 ])
 def test_bad_arguments_raise_clear_errors(env_id, kwargs, match):
     """Bugs: a misspelt option answered with only the variant's own options (not its parent's), or a bad value
@@ -320,15 +349,16 @@ def test_the_cue_task_critic_sees_the_target_at_every_step_and_its_own_final_one
     assert ended == 4 and (obs[:, 33] == 0).any()  # every env's episode ended once; some targets were hidden
 
 
-def test_the_randomised_cube_task_critic_sees_the_drawn_mass_and_frictions(scenes):
+@pytest.mark.parametrize("env_id", DRAWN)
+def test_the_randomised_cube_task_critic_sees_the_drawn_mass_and_frictions(scenes, env_id):
     """Bugs: the critic as blind as the policy to the dynamics drawn, or a draw of another env or episode."""
-    rand = scenes["FrankaPushCubeRandom-v0"]
-    assert scenes["FrankaPushCube-v0"].single_critic_observation_space is None
+    rand = scenes[env_id]
+    assert scenes[env_id.replace("Random", "")].single_critic_observation_space is None
     obs, info = rand.reset(seed=21)
     torch.testing.assert_close(info["critic_obs"], torch.cat([obs, rand.dynamics], dim=-1))
     rand.episode_step[:] = EPISODE - 1  # every episode ends on the next step: new draws
     before = rand.dynamics.clone()
-    obs, _, _, truncated, info = rand.step(torch.zeros(4, 7))
+    obs, _, _, truncated, info = rand.step(torch.zeros(4, rand.single_action_space.shape[0]))
     assert truncated.all() and not torch.allclose(rand.dynamics, before)
     torch.testing.assert_close(info["critic_obs"], torch.cat([obs, rand.dynamics], dim=-1))
     torch.testing.assert_close(info["final_critic_obs"], torch.cat([info["final_obs"], before], dim=-1))
@@ -375,3 +405,139 @@ def test_the_still_term_follows_its_speed_scale_and_is_paid_only_at_the_goal(sce
     torch.testing.assert_close(info["reward_terms"]["still"], expected)
     assert (expected[:2] > 0).all()
     torch.testing.assert_close(sum(info["reward_terms"].values()), reward)
+
+
+# ---------------------------------------------------------------- stacking (FrankaStackCube-v0, ManiSkill3's StackCube-v1)
+def test_stack_cubes_reset_apart_upright_at_rest_in_the_documented_area(scenes):
+    """Bugs: the two cubes reset overlapping (the simulator throws them apart: a first step no policy caused), B drawn
+    without A's position in mind, cubes outside the documented area, or in the air."""
+    stack = scenes["FrankaStackCube-v0"]
+    a, b = stack._draw_cube_positions(20_000)  # overlapping without the redraws: about 1 draw in 7
+    assert ((b - a)[:, :2].norm(dim=-1) >= CUBE_SEPARATION - 1e-6).all()
+    for cube in (a, b):
+        assert ((cube[:, 0] >= 0.3) & (cube[:, 0] <= 0.7) & (cube[:, 1].abs() <= 0.3)).all()
+        assert (cube[:, 2] == CUBE_HALF_SIZE).all()
+    both = torch.cat([a, b])[:, :2]
+    assert both[:, 0].min() < 0.32 and both[:, 0].max() > 0.68 and both[:, 1].abs().max() > 0.28  # the whole area
+    cramped = stack.area_half.clone()
+    stack.area_half[:] = 0.03  # an area where redrawing nearly always fails: the pair is moved apart instead
+    try:
+        a, b = stack._draw_cube_positions(5_000)
+    finally:
+        stack.area_half[:] = cramped
+    assert ((b - a)[:, :2].norm(dim=-1) >= CUBE_SEPARATION - 1e-6).all()
+    stack.reset(seed=31)
+    start = torch.cat([stack.cube.get_pos(), stack.cube_b.get_pos()])
+    assert torch.allclose(start[:, 2], torch.full((8,), CUBE_HALF_SIZE))
+    for _ in range(5):  # nothing moves the cubes but the arm, which stays near home
+        stack.step(torch.zeros(4, 8))
+    torch.testing.assert_close(torch.cat([stack.cube.get_pos(), stack.cube_b.get_pos()]), start, atol=1e-3, rtol=0)
+
+
+def hold_a_on_b(stack, envs_idx):
+    """The gripper pointing down around the spot on top of B (Genesis's inverse kinematics, the arm put there at rest,
+    fingers open) with A in it, for the envs in `envs_idx`."""
+    import genesis as gs
+
+    top_of_b = stack.cube_b.get_pos()[envs_idx] + torch.tensor((0.0, 0.0, 2 * CUBE_HALF_SIZE))
+    down = torch.tensor((0.0, 1.0, 0.0, 0.0), device=gs.device).expand(len(envs_idx), 4)
+    q = stack.robot.inverse_kinematics(link=stack.hand, pos=top_of_b, quat=down, local_point=TCP_OFFSET,
+                                       envs_idx=envs_idx)
+    q[:, 7:] = 0.04
+    stack.robot.set_qpos(q, envs_idx=envs_idx, zero_velocity=True)
+    stack.arm_target[envs_idx] = q[:, :7]
+    stack.cube.set_pos(top_of_b, envs_idx=envs_idx)
+
+
+def test_stack_success_needs_a_on_b_still_and_released(scenes):
+    """Bugs: success counted while A is still held (the robot must let go), with A beside B, or A moving; the stage
+    not the highest condition met; the episode's stage metrics forgetting a stage reached earlier."""
+    stack = scenes["FrankaStackCube-v0"]
+    stack.reset(seed=32)
+    hold_a_on_b(stack, torch.tensor([0, 1]))
+    top_of_b = stack.cube_b.get_pos()[2:3] + torch.tensor((0.0, 0.0, 2 * CUBE_HALF_SIZE))
+    stack.cube.set_pos(top_of_b, envs_idx=torch.tensor([2]))  # env 2: A set down on B, the arm far off
+    close = torch.zeros(4, 8)
+    close[:, 7] = -1.0
+    for _ in range(4):  # envs 0 and 1 squeeze A on top of B
+        stack.step(close)
+    assert stack.grasped.tolist() == [True, True, False, False]
+    assert stack.stage.tolist() == [2, 2, 3, 0] and stack.solved.tolist() == [False, False, True, False]
+    assert (stack.cube_vel.norm(dim=-1) < 0.01).all()  # held still: only the grasp stands between A and success
+    release = torch.zeros(4, 8)
+    release[:, 7] = 1.0
+    release[1, 7] = -1.0  # env 0 lets go; env 1 keeps squeezing
+    for _ in range(4):
+        stack.step(release)
+    assert stack.stage.tolist() == [3, 2, 3, 0]
+    stack.cube.set_pos(stack.cube.get_pos()[:1] + torch.tensor((0.1, 0.0, 0.0)), envs_idx=torch.tensor([0]))
+    for _ in range(EPISODE - 8):  # env 0's A knocked off B before the end: solved once, not at the end
+        _, _, _, truncated, info = stack.step(release)
+    assert truncated.all()
+    assert info["success"].tolist() == [False, False, True, False]
+    metrics = info["episode_metrics"]
+    assert metrics["success_once"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert metrics["stage"].tolist() == [3.0, 2.0, 3.0, 0.0]
+    assert metrics["reached_grasped"].tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert metrics["reached_stacked"].tolist() == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_stack_reward_is_maniskills_staged_reward_normalised_and_its_terms_add_up(scenes):
+    """Bugs: a stage paying less than the one below it (the policy unlearns a stage to stay in a cheaper one), a term
+    unbounded or of the wrong sign, a term left out of the sum, the top stage not 1 (ManiSkill3's 8, normalised)."""
+    stack = scenes["FrankaStackCube-v0"]
+    weights = {"reach": 0.25, "grasp": 0.25, "place": 0.125, "stack": 0.125, "release": 0.0625, "still": 0.0625,
+               "success": 0.125}
+    bands = {0: (0.0, 0.25), 1: (0.5, 0.625), 2: (0.75, 0.875), 3: (1.0, 1.0)}  # ManiSkill3's (0-2, 4-5, 6-7, 8) / 8
+    seen_stages = set()
+    stack.reset(seed=33)
+    hold_a_on_b(stack, torch.tensor([0]))
+    close = torch.zeros(4, 8)
+    close[:, 7] = -1.0
+    for step, action in enumerate(actions(stack, EPISODE - 1, seed=33, scale=0.2)):
+        action[0] = close[0] if step < 4 else -close[0]  # env 0: hold A on B, then let go
+        action[1:, 7] = 1.0
+        _, reward, _, _, info = stack.step(action)
+        terms = info["reward_terms"]
+        assert set(terms) == set(weights) | {"table_contact", "action_rate"}
+        torch.testing.assert_close(sum(terms.values()), reward)
+        staged = sum(terms[name] for name in weights)
+        for name, weight in weights.items():
+            assert ((terms[name] >= 0) & (terms[name] <= weight + 1e-6)).all(), name
+        assert (terms["table_contact"] <= 0).all() and (terms["table_contact"] >= -0.5 / 8).all()
+        assert (terms["action_rate"] <= 0).all()
+        for stage, value in zip(stack.stage.tolist(), staged.tolist()):
+            low, high = bands[stage]
+            assert low - 1e-6 <= value <= high + 1e-6, (stage, value)
+            seen_stages.add(stage)
+    assert seen_stages == {0, 2, 3}  # stage 1 (carrying) is the scripted stack's (test below)
+
+
+def test_a_scripted_stack_climbs_every_stage_and_is_solved(scenes):
+    """Bug: a task no policy can solve (A cannot be grasped, carried or let go of on B with the task's gains, or the
+    stages never fire), or a reward that does not rise stage by stage. The arm follows Genesis's inverse kinematics
+    above A, down, closes, carries A above B, lowers it, opens, and lifts away (100 steps, the task's own actions)."""
+    import genesis as gs
+
+    stack = envs.make("FrankaStackCube-v0", num_envs=4, seed=34, max_episode_steps=100, **CPU)
+    stack.reset()
+    down = torch.tensor((0.0, 1.0, 0.0, 0.0), device=gs.device).expand(4, 4)
+    above = torch.tensor((0.0, 0.0, 0.08))
+    best_reward = {}
+    for step in range(100):
+        a, top_of_b, held_offset = stack.cube_pos, stack.goal_pos, stack.ee_pos - stack.cube_pos
+        target, gripper = ((a + above, 1.0) if step < 15 else (a, 1.0) if step < 25 else (a, -1.0) if step < 30
+                           else (top_of_b + above + held_offset, -1.0) if step < 55
+                           else (top_of_b + held_offset + torch.tensor((0.0, 0.0, 0.002)), -1.0) if step < 70
+                           else (stack.ee_pos, 1.0) if step < 76 else (a + torch.tensor((0.0, 0.0, 0.1)), 1.0))
+        q = stack.robot.inverse_kinematics(link=stack.hand, pos=target, quat=down, local_point=TCP_OFFSET)
+        action = torch.zeros(4, 8)
+        action[:, :7] = ((q[:, :7] - stack.arm_target) / stack.action_scale).clamp(-1, 1)
+        action[:, 7] = gripper
+        _, reward, _, truncated, info = stack.step(action)
+        for stage, value in zip(stack.stage.tolist(), reward.tolist()):
+            best_reward[stage] = max(best_reward.get(stage, -1.0), value)
+    stack.close()
+    assert truncated.all() and info["success"].all()
+    assert info["episode_metrics"]["stage"].tolist() == [3.0] * 4
+    assert best_reward[0] < best_reward[1] < best_reward[2] < best_reward[3] <= 1.0
