@@ -8,7 +8,8 @@
 Every periodic checkpoint is evaluated here (the script's own --eval-checkpoint: mean action, frozen normaliser,
 fresh episodes, --episodes of them); the training-time values (with exploration noise) come from the TensorBoard
 events (TensorBoard's own reader). Plotted: the success rate for tasks that report one, else every metric of the
-task's `info["episode_metrics"]` (Go2Walk-v0: tracking errors and falls); the cube tasks' success at any step too.
+task's `info["episode_metrics"]` (Go2Walk-v0: tracking errors and falls); the cube tasks' success at any step too, and
+the stacking task's stages.
 A run evaluated while it trained (--eval-interval) has its logged eval/* values beside these, at the same steps
 (equal where --eval-episodes was --episodes). Writes a PNG and a Markdown table; the results are kept in the run
 directory (eval_curve_<episodes>.json), so a rerun evaluates only new checkpoints.
@@ -41,6 +42,10 @@ GENERAL = ("episodes", "mean_return", "std_return", "mean_length", "video")
 LABELS = {
     "success_rate": ("success rate", None, "charts/success_rate"),  # its target: --success-target
     "success_once": ("success at any step", None, "episode_metrics/success_once"),
+    # FrankaStackCube-v0's stages (envs.franka_cube.STACK_STAGES): how far the episodes got
+    "stage": ("highest stage reached\n(1 grasped, 2 A on B, 3 solved)", None, "episode_metrics/stage"),
+    "reached_grasped": ("episodes that grasped A", None, "episode_metrics/reached_grasped"),
+    "reached_stacked": ("episodes that put A on B", None, "episode_metrics/reached_stacked"),
     "fell": ("fall rate", 0.05, "episode_metrics/fell"),
     "lin_vel_error": ("linear-velocity tracking error (m/s)", 0.1, "episode_metrics/lin_vel_error"),
     "ang_vel_error": ("yaw-rate tracking error (rad/s)", None, "episode_metrics/ang_vel_error"),
@@ -120,8 +125,9 @@ def main(args: Args) -> str:
     eval_tag = {metric: module.EVAL_NAMES.get(metric, f"eval/{metric}") for metric in rows[0]}  # as the script logs
     logged = {metric: {s.step: s.value for s in events.Scalars(tag)}
               for metric, tag in eval_tag.items() if tag in tags}  # --eval-interval's logs
-    if "success_rate" in rows[0]:  # the cube tasks also report success at any step of an episode
-        metrics = [k for k in ("success_rate", "success_once") if k in rows[0]]
+    if "success_rate" in rows[0]:  # the cube tasks also report success at any step of an episode (and stacking, stages)
+        metrics = [k for k in ("success_rate", "success_once", "stage", "reached_grasped", "reached_stacked")
+                   if k in rows[0]]
     else:
         metrics = [k for k in rows[0] if k in LABELS]
 
