@@ -460,8 +460,8 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
             raise ValueError(f"cube_area_shift must be >= 0 and cube_area_half_size > 0, got {cube_area_shift!r} "
                              f"and {cube_area_half_size!r}")
         if not (half > CUBE_SEPARATION).all():
-            raise ValueError(f"cube_area_half_size must exceed {CUBE_SEPARATION:.4f} m each way so two cubes fit apart, "
-                             f"got {cube_area_half_size!r}")
+            raise ValueError(f"cube_area_half_size must exceed {CUBE_SEPARATION:.4f} m each way so that two cubes fit "
+                             f"apart, got {cube_area_half_size!r}")
         self.stack_tolerance, self.static_speed, self.static_angular_speed = (stack_tolerance, static_speed,
                                                                              static_angular_speed)
         self.weights = {"reach": reach_weight, "grasp": grasp_weight, "place": place_weight, "stack": stack_weight,
@@ -505,7 +505,8 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
             b = torch.where(too_near, centre + self._uniform(n, -self.area_half, self.area_half), b)
         apart = b - a
         distance = apart.norm(dim=-1, keepdim=True)
-        direction = torch.where(distance > 1e-6, apart / distance.clamp(min=1e-6), torch.tensor((0.0, 1.0), device=a.device))
+        sideways = torch.tensor((0.0, 1.0), device=a.device)  # for a pair drawn on the same spot
+        direction = torch.where(distance > 1e-6, apart / distance.clamp(min=1e-6), sideways)
         b = torch.where(distance < CUBE_SEPARATION, a + CUBE_SEPARATION * direction, b)
         on_table = torch.full((n, 1), CUBE_HALF_SIZE, device=a.device)
         return torch.cat([a, on_table], -1), torch.cat([b, on_table], -1)
@@ -535,7 +536,8 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         self._read_cube_state()
         self._read_grasp()
         self.cube_ang = self.cube.get_ang()
-        self.cube_b_pos, self.cube_b_quat, self.cube_b_vel = self.cube_b.get_pos(), self.cube_b.get_quat(), self.cube_b.get_vel()
+        self.cube_b_pos, self.cube_b_quat = self.cube_b.get_pos(), self.cube_b.get_quat()
+        self.cube_b_vel = self.cube_b.get_vel()
         self.goal_pos = self.cube_b_pos + torch.tensor((0.0, 0.0, 2 * CUBE_HALF_SIZE), device=self.cube_b_pos.device)
         self.to_cube_b = self.cube_b_pos - self.ee_pos
         self.cube_to_goal = self.goal_pos - self.cube_pos
@@ -550,7 +552,8 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         offset = self.cube_pos - self.cube_b_pos
         on_b = ((offset[:, :2].norm(dim=-1) <= 2 ** 0.5 * CUBE_HALF_SIZE + self.stack_tolerance)
                 & ((offset[:, 2] - 2 * CUBE_HALF_SIZE).abs() <= self.stack_tolerance))
-        static = (self.cube_vel.norm(dim=-1) <= self.static_speed) & (self.cube_ang.norm(dim=-1) <= self.static_angular_speed)
+        static = ((self.cube_vel.norm(dim=-1) <= self.static_speed)
+                  & (self.cube_ang.norm(dim=-1) <= self.static_angular_speed))
         self.solved = on_b & static & ~self.grasped
         return torch.where(self.solved, 3, torch.where(on_b, 2, self.grasped.long()))
 
