@@ -268,3 +268,27 @@ def test_train_throughput_trains_each_script_with_its_own_flags_on_the_first_one
     assert [a.context_len for a in trained] == [2, 3]
     assert [(a.num_envs, a.num_steps) for a in trained] == [(2, 64)] * 2  # the row's envs, the first one's steps
     assert all(r["train_sps"] > 0 for r in rows)
+
+
+def test_frames_strip_shows_the_asked_steps_and_names_a_step_the_video_lacks(tmp_path, monkeypatch):
+    """Bugs: frames taken from the wrong steps (off by one from the reset), or a step past the episode's end answered
+    with a traceback instead of the flag and the video's length."""
+    import imageio.v2 as imageio
+
+    from benchmarks import frames
+
+    video = str(tmp_path / "eval.mp4")  # frame k is grey level 40 k: which frames the strip shows is readable back
+    imageio.mimsave(video, [np.full((32, 32, 3), 40 * k, dtype=np.uint8) for k in range(5)], fps=5, macro_block_size=1)
+    shown = []
+    real_imshow = frames.plt.Axes.imshow
+
+    def imshow(ax, image, *args, **kwargs):
+        shown.append(int(np.asarray(image).mean().round()))
+        return real_imshow(ax, image, *args, **kwargs)
+
+    monkeypatch.setattr(frames.plt.Axes, "imshow", imshow)
+    out = frames.main(frames.Args(video=video, out=str(tmp_path / "strip.png"), frames=(0, 2, 4)))
+    assert os.path.getsize(out) > 0
+    assert [abs(level - expected) <= 3 for level, expected in zip(shown, (0, 80, 160))] == [True] * 3
+    with pytest.raises(SystemExit, match=r"--frames \[5\] are not in the video \(5 frames, 0-4\)"):
+        frames.main(frames.Args(video=video, out=str(tmp_path / "bad.png"), frames=(0, 5)))
