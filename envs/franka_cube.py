@@ -416,9 +416,10 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
     split into terms that add up to it and normalised by the top stage's value (8): reach A (2 · closeness);
     grasped: 4 + closeness of A to the point on top of B; A on B: 6 + (gripper opening + A's stillness) / 2;
     solved: 8. `info["episode_metrics"]`: `stage`, the highest stage an episode reached (STACK_STAGES: 0-3), and
-    `reached_grasped`, `reached_stacked` (that stage or a higher one), beside `success_once`."""
+    `reached_grasped`, `reached_stacked` (that stage or a higher one), `closest_to_b` (the nearest A came to the spot
+    on top of B, m), beside `success_once`."""
 
-    STATE = (*FrankaCubeVecEnv.STATE, "best_stage")
+    STATE = (*FrankaCubeVecEnv.STATE, "best_stage", "closest_to_b")
 
     def __init__(
         self,
@@ -479,6 +480,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         sim = gs.device
         self.area_centre, self.area_shift, self.area_half = centre.to(sim), shift.to(sim), half.to(sim)
         self.best_stage = torch.zeros(num_envs, dtype=torch.int64, device=sim)
+        self.closest_to_b = torch.zeros(num_envs, device=sim)  # A's nearest approach to the spot on top of B (m)
         if randomise_dynamics:
             self._randomise_dynamics({"cube_mass": cube_mass_range, "cube_b_mass": cube_mass_range,
                                       "cube_friction": cube_friction_range, "cube_b_friction": cube_friction_range,
@@ -519,6 +521,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         self._place(self.cube_b, b, envs_idx)
         self.solved_once[envs_idx] = False
         self.best_stage[envs_idx] = 0
+        self.closest_to_b[envs_idx] = float("inf")
         self._draw_dynamics(envs_idx)
 
     def state_dict(self) -> dict:
@@ -560,6 +563,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
     def _evaluate(self, action: torch.Tensor):
         stage = self.stage = self._stage()
         self.best_stage = torch.maximum(self.best_stage, stage)
+        self.closest_to_b = torch.minimum(self.closest_to_b, self.cube_to_goal.norm(dim=-1))
         # Each stage's reward is the one below at its top plus what the stage itself pays (ManiSkill3's values).
         opening = torch.where(self.grasped, self.fingers.sum(-1) / (2 * FINGERS_OPEN), 1.0)
         stillness = 1.0 - torch.tanh(10.0 * self.cube_vel.norm(dim=-1) + self.cube_ang.norm(dim=-1))
@@ -582,5 +586,6 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         ended_f = ended.float()
         info["episode_metrics"].update(stage=self.best_stage * ended_f,  # 0-3, and whether it got that far:
                                        reached_grasped=(self.best_stage >= 1) * ended_f,
-                                       reached_stacked=(self.best_stage >= 2) * ended_f)
+                                       reached_stacked=(self.best_stage >= 2) * ended_f,
+                                       closest_to_b=self.closest_to_b * ended_f)
         return info

@@ -455,7 +455,8 @@ def hold_a_on_b(stack, envs_idx):
 
 def test_stack_success_needs_a_on_b_still_and_released(scenes):
     """Bugs: success counted while A is still held (the robot must let go), with A beside B, or A moving; the stage
-    not the highest condition met; the episode's stage metrics forgetting a stage reached earlier."""
+    not the highest condition met; the episode's stage metrics forgetting a stage reached earlier (or A's nearest
+    approach to B forgotten when A is knocked off)."""
     stack = scenes["FrankaStackCube-v0"]
     stack.reset(seed=32)
     hold_a_on_b(stack, torch.tensor([0, 1]))
@@ -484,6 +485,8 @@ def test_stack_success_needs_a_on_b_still_and_released(scenes):
     assert metrics["stage"].tolist() == [3.0, 2.0, 3.0, 0.0]
     assert metrics["reached_grasped"].tolist() == [1.0, 1.0, 1.0, 0.0]
     assert metrics["reached_stacked"].tolist() == [1.0, 1.0, 1.0, 0.0]
+    closest = metrics["closest_to_b"]  # the nearest A came to the top of B: on it for 0-2, never for 3
+    assert (closest[:3] < 0.005).all() and closest[3] > 0.06 and torch.isfinite(closest).all()
 
 
 def test_stack_reward_is_maniskills_staged_reward_normalised_and_its_terms_add_up(scenes):
