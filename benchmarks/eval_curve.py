@@ -65,8 +65,8 @@ class Args:
     """the script that trained the run (None: recognised from its args.json)"""
     stem: str | None = None
     """file name of the PNG and the table (None: franka_reach_success[_script] for the arm, else env_script_eval)"""
-    success_target: float = 0.95
-    """the success rate drawn as the target line (FrankaReach-v0's 0.95; a task's own target, e.g. 0.8 for picking)"""
+    success_target: float | None = 0.95
+    """the success rate drawn as the target line (FrankaReach-v0's 0.95; a task's own, e.g. 0.8 for picking; None: no line)"""
 
 
 def default_stem(env_id: str, script: str) -> str:
