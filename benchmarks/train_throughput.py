@@ -10,7 +10,8 @@ Three columns (docs/design.md §7), from `env_throughput.py`: the simulator alon
 Genesis scene's own steps), through `envs/` with random actions, and training: each script with its preset for
 the task (num_envs overridden; num_steps too, to the first script's, so every script trains on the same batch),
 the median SPS over iterations after the first (which warms up). A script may carry flags of its own on top of its
-preset, `script:flag=value,flag=value` (Python literals), to set two modes of one script side by side. The headline is training / simulator alone;
+preset, `script:flag=value,flag=value` (Python literals), to set two modes of one script side by side. The
+headline is training / simulator alone;
 for Genesis tasks "simulator during training" times the scene's own steps inside the training run (the states a
 policy visits simulate at another rate than random actions' do) and the headline divides by it;
 "vs first" divides a script's training SPS by the first script's, measured in the same process minutes apart.
@@ -50,7 +51,7 @@ class Args:
     raw_steps: int = 4000
     """timed random-action steps (all envs together) for the simulator-alone and envs/ measurements"""
     scripts: list[str] = field(default_factory=lambda: ["ppo_continuous"])
-    """training scripts to measure (module names, optionally with flags: ppo_transformer:context_len=16), each on the first one's batch"""
+    """training scripts to measure (module names, with flags: ppo_transformer:context_len=16), on the first one's batch"""
     out: str | None = None
     """append the result row to this Markdown file"""
 

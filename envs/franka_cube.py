@@ -402,7 +402,6 @@ class FrankaPickCubeVecEnv(FrankaGraspVecEnv):
         return terms, torch.zeros_like(self.solved)
 
 
-
 # Two cubes' centres stay this far apart at reset (ManiSkill3's placement: each cube's bounding circle plus 1 mm).
 CUBE_SEPARATION = 2 * (2 ** 0.5 * CUBE_HALF_SIZE + 0.001)
 STACK_STAGES = ("reach", "grasped", "stacked", "solved")  # the stage a step is in: 0, 1, 2, 3
@@ -479,6 +478,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
 
         sim = gs.device
         self.area_centre, self.area_shift, self.area_half = centre.to(sim), shift.to(sim), half.to(sim)
+        self.on_top = torch.tensor((0.0, 0.0, 2 * CUBE_HALF_SIZE), device=sim)  # B's centre to where A's goes
         self.best_stage = torch.zeros(num_envs, dtype=torch.int64, device=sim)
         self.closest_to_b = torch.zeros(num_envs, device=sim)  # A's nearest approach to the spot on top of B (m)
         if randomise_dynamics:
@@ -541,7 +541,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         self.cube_ang = self.cube.get_ang()
         self.cube_b_pos, self.cube_b_quat = self.cube_b.get_pos(), self.cube_b.get_quat()
         self.cube_b_vel = self.cube_b.get_vel()
-        self.goal_pos = self.cube_b_pos + torch.tensor((0.0, 0.0, 2 * CUBE_HALF_SIZE), device=self.cube_b_pos.device)
+        self.goal_pos = self.cube_b_pos + self.on_top
         self.to_cube_b = self.cube_b_pos - self.ee_pos
         self.cube_to_goal = self.goal_pos - self.cube_pos
 
