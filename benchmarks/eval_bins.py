@@ -56,6 +56,23 @@ class Args:
     """file name of the table"""
 
 
+def evaluate_with_env_kwargs(module, checkpoint: dict, run_dir: str, env_kwargs: dict, episodes: int,
+                             capture_video: bool = False) -> dict:
+    """The script's evaluate() of `checkpoint` with `env_kwargs` over its own, from a temporary copy in `run_dir`
+    (removed after; the run's checkpoints are left as they are), with the checkpoint's step. `capture_video`: env 0's
+    first episode to `run_dir`/videos/eval.mp4."""
+    saved = checkpoint["args"]
+    changed = dict(checkpoint, args=dict(saved, env_kwargs={**(saved.get("env_kwargs") or {}), **env_kwargs}))
+    temporary = os.path.join(run_dir, "eval_kwargs_checkpoint.pt")
+    torch.save(changed, temporary)
+    try:
+        result = module.evaluate(temporary, episodes=episodes, capture_video=capture_video, device="cpu",
+                                 sim_device="cpu")
+    finally:
+        os.remove(temporary)
+    return dict(result, step=checkpoint["global_step"])
+
+
 def evaluate_bins(run_dir: str, module, bins: dict[str, dict], episodes: int) -> dict[str, dict]:
     """{bin: the script's evaluate() of the run's last periodic checkpoint with the bin's env kwargs}, cached."""
     checkpoint_path = sorted(glob.glob(os.path.join(run_dir, "checkpoint_[0-9]*.pt")))[-1]
@@ -70,15 +87,7 @@ def evaluate_bins(run_dir: str, module, bins: dict[str, dict], episodes: int) ->
     for name, env_kwargs in bins.items():
         if name in results:
             continue
-        saved = checkpoint["args"]
-        narrowed = dict(checkpoint, args=dict(saved, env_kwargs={**(saved.get("env_kwargs") or {}), **env_kwargs}))
-        temporary = os.path.join(run_dir, "eval_bins_checkpoint.pt")
-        torch.save(narrowed, temporary)
-        try:
-            results[name] = dict(module.evaluate(temporary, episodes=episodes, device="cpu", sim_device="cpu"),
-                                 step=checkpoint["global_step"])
-        finally:
-            os.remove(temporary)
+        results[name] = evaluate_with_env_kwargs(module, checkpoint, run_dir, env_kwargs, episodes)
         with open(cache_path + ".tmp", "w") as f:
             json.dump(cache, f)
         os.replace(cache_path + ".tmp", cache_path)

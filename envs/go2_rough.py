@@ -17,7 +17,8 @@ The legged_gym recipe (Rudin et al. 2022, `legged_gym/envs/base/legged_robot.py`
   if the robot walked more than half a tile from where it was spawned, down one if it walked less than half the
   distance its commands asked for (the sum of |commanded velocity| x dt over the episode), and an env past the top
   level goes to a random level. Levels start at random up to `max_init_level`; without the curriculum they are
-  drawn over all levels and stay.
+  drawn over all levels and stay. `start_level` puts every env on that level at first instead; with
+  `curriculum=False` they stay there: an evaluation of one level (benchmarks/terrain_eval.py).
 - Domain randomisation on by default (legged_gym's rough-terrain settings): friction ratio 0.5-1.25 and -1 to 1 kg
   on the base, drawn per episode; pushes to a random horizontal velocity up to 1 m/s every 15 s; observation noise
   at legged_gym's level 1.
@@ -69,6 +70,7 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
         terrain_seed: int = 0,
         curriculum: bool = True,
         max_init_level: int = 5,
+        start_level: int = -1,
         height_scan: bool = True,
         scan_length_x: float = 1.6,
         scan_width_y: float = 1.0,
@@ -83,11 +85,14 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
     ):
         if not 0 <= max_init_level < terrain_levels:
             raise ValueError(f"max_init_level must be in [0, terrain_levels - 1], got {max_init_level!r}")
+        if not -1 <= start_level < terrain_levels:
+            raise ValueError(f"start_level must be -1 (random) or in [0, terrain_levels - 1], got {start_level!r}")
         if not (scan_spacing > 0 and scan_length_x >= 0 and scan_width_y >= 0):
             raise ValueError("scan_spacing must be positive and the scan's length and width non-negative")
         self.layout = TileLayout(terrain_levels, terrain_types, tile_size, terrain_border, horizontal_scale)
         self.vertical_scale, self.terrain_seed = vertical_scale, terrain_seed
         self.curriculum, self.max_init_level, self.height_scan = curriculum, max_init_level, height_scan
+        self.start_level = start_level
         self.scan_local = scan_grid(scan_length_x, scan_width_y, scan_spacing)  # (points, 2), yaw frame
         self.critic_scan_size = len(self.scan_local)
         self.scan_size = self.critic_scan_size if height_scan else 0
@@ -130,6 +135,8 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
         levels = self.terrain_level[envs_idx]
         top = self.max_init_level if self.curriculum else self.layout.levels - 1
         first = torch.randint(0, top + 1, (n,), generator=self.generator, device=levels.device)
+        if self.start_level >= 0:  # drawn all the same, so that the rest of the episode's draws do not shift
+            first = torch.full_like(first, self.start_level)
         if self.curriculum:
             walked = (self.robot.get_pos(envs_idx=envs_idx)[:, :2] - self.spawn_xy[envs_idx]).norm(dim=-1)
             random_levels = torch.randint(0, self.layout.levels, (n,), generator=self.generator, device=levels.device)

@@ -1,6 +1,7 @@
 """benchmarks/: the report's reducer on small synthetic event files, the runners, the side-by-side parsers and the
 update timer on a tiny batch (no training runs, no timing assertions)."""
 
+import dataclasses
 import glob
 import json
 import os
@@ -180,7 +181,7 @@ def test_eval_bins_evaluates_each_runs_last_checkpoint_with_each_bins_ranges_and
 
     class FakeScript:  # success = the bin's lower mass bound + seed / 100; the checkpoint's step as return
         @staticmethod
-        def evaluate(path, episodes, device, sim_device):
+        def evaluate(path, episodes, capture_video, device, sim_device):
             checkpoint = torch.load(path)
             evaluated.append(path)
             seed = int(path.split("__")[-2])
@@ -292,3 +293,70 @@ def test_frames_strip_shows_the_asked_steps_and_names_a_step_the_video_lacks(tmp
     assert [abs(level - expected) <= 3 for level, expected in zip(shown, (0, 80, 160))] == [True] * 3
     with pytest.raises(SystemExit, match=r"--frames \[5\] are not in the video \(5 frames, 0-4\)"):
         frames.main(frames.Args(video=video, out=str(tmp_path / "bad.png"), frames=(0, 5)))
+
+
+def test_terrain_eval_reports_the_curriculums_end_per_type_and_each_level_evaluated_alone(tmp_path, monkeypatch):
+    """Bugs: the level per type averaged over the whole run instead of its end (the climb hidden), a level's
+    evaluation run with the curriculum on or on random levels (start_level never reaching the script), an earlier
+    checkpoint than the last, the run's checkpoint overwritten, every level evaluated again on a rerun, or the video
+    recorded on the training field (env 0 on flat ground) instead of one of the asked terrain type."""
+    import torch
+
+    from benchmarks import terrain_eval
+
+    evaluated = []
+
+    class FakeScript:  # falls: the level / 10 on stairs_up, none elsewhere; the error grows with the step
+        @staticmethod
+        def evaluate(path, episodes, capture_video, device, sim_device):
+            checkpoint = torch.load(path)
+            kwargs = checkpoint["args"]["env_kwargs"]
+            evaluated.append((checkpoint["global_step"], episodes, dict(kwargs)))
+            if capture_video:
+                os.makedirs(os.path.join(os.path.dirname(path), "videos"), exist_ok=True)
+                with open(os.path.join(os.path.dirname(path), "videos", "eval.mp4"), "w") as f:
+                    f.write(",".join(kwargs["terrain_types"]))
+            level = kwargs["start_level"] if kwargs["curriculum"] is False else -99
+            return {"episodes": episodes, "fell": level / 70, "lin_vel_error": checkpoint["global_step"] / 1e5,
+                    **{f"fell/{t}": (level / 10 if t == "stairs_up" else 0.0) for t in terrain_eval.TERRAIN_TYPES}}
+
+    monkeypatch.setattr(terrain_eval, "script_module", lambda saved_args: FakeScript)
+    saved_args = {"env_kwargs": {"decimation": 4}}
+    run = os.path.join(tmp_path, "Go2Rough-v0__rough__1__1700000000")
+    os.makedirs(run)
+    with open(os.path.join(run, "args.json"), "w") as f:
+        json.dump({"env_id": "Go2Rough-v0", "seed": 1, "exp_name": "rough", "num_envs": 4}, f)
+    writer = SummaryWriter(run)
+    for i in range(10):  # the level climbs 0, 1, ..., 9; stairs_up stays at 2; falls 50% then 10%
+        step = (i + 1) * 1000
+        writer.add_scalar("charts/SPS", 100.0, step, walltime=1000.0 + 6 * i)  # 6 s per iteration: 1 min in all
+        writer.add_scalar("time/rollout_s", 3.0, step)
+        writer.add_scalar("time/update_s", 3.0, step)
+        writer.add_scalar("episode_metrics/terrain_level", float(i), step)
+        writer.add_scalar("episode_metrics/terrain_level/stairs_up", 2.0, step)
+        writer.add_scalar("episode_metrics/fell", 0.5 if i < 8 else 0.1, step)
+        writer.add_scalar("episode_metrics/fell/stairs_up", 0.25, step)
+    writer.close()
+    for iteration, step in ((5, 5000), (10, 10000)):
+        torch.save({"global_step": step, "args": saved_args}, os.path.join(run, f"checkpoint_{iteration:06d}.pt"))
+    args = terrain_eval.Args(run_dirs=(run,), levels=(0, 7), episodes_per_type=3, last_iterations=2,
+                             video_type="stairs_up", video_level=5, out_dir=str(tmp_path / "out"), stem="t")
+    text = terrain_eval.main(args)
+    label = "Go2Rough-v0 (ppo_continuous.py, rough, seed 1)"
+    assert f"| {label} | 10,000 | 1 | **8.50** |" in text  # levels 8 and 9 of the last two iterations
+    assert f"| {label} | 10.0% | " in text and "25.0%" in text
+    assert f"| {label} | 7 | 0.100 | 10.0% | " in text and "| 70% |" in text  # stairs_up at level 7: 70% falls
+    assert f"| {label} | 0 | 0.100 | 0.0% | " in text
+    levels = [(step, episodes, kwargs) for step, episodes, kwargs in evaluated if "terrain_types" not in kwargs]
+    assert levels == [(10000, 21, {"decimation": 4, "curriculum": False, "start_level": level}) for level in (0, 7)]
+    video = os.path.join(run, "videos", "stairs_up_level5.mp4")
+    with open(video) as f:
+        assert f.read() == "stairs_up"
+    assert evaluated[-1] == (10000, 1, {"decimation": 4, "terrain_types": ["stairs_up"], "curriculum": False,
+                                        "start_level": 5})
+    assert torch.load(os.path.join(run, "checkpoint_000010.pt"))["args"] == saved_args
+    assert os.path.isfile(tmp_path / "out" / "t.png")
+    terrain_eval.main(dataclasses.replace(args, video_type=None))
+    assert len(evaluated) == 3  # the levels from the run's cache
+    with pytest.raises(SystemExit, match="--run-dirs .* has no periodic checkpoint"):
+        terrain_eval.main(terrain_eval.Args(run_dirs=(str(tmp_path),), out_dir=str(tmp_path / "out")))

@@ -198,6 +198,22 @@ def test_ending_episodes_move_the_levels_by_the_rule(rough):
     assert level[:4].tolist() == rough.terrain_level[:4].tolist()
 
 
+def test_start_level_puts_every_robot_on_that_level_and_without_the_curriculum_they_stay():
+    """Bug: `start_level` ignored (random levels), or the level lost when an episode ends, so that an evaluation of
+    one level (benchmarks/terrain_eval.py) plays others."""
+    vec = envs.make("Go2Rough-v0", num_envs=NUM_ENVS, seed=0, **SMALL, **CLEAN, start_level=1, curriculum=False)
+    try:
+        vec.reset(seed=4)
+        for action in actions(NUM_ENVS, EPISODE + 1, seed=4, scale=1.0):  # every episode ends once (truncated)
+            assert vec.terrain_level.tolist() == [1] * NUM_ENVS
+            level, _ = tile_of(vec, vec.robot.get_pos()[:, :2])
+            assert level.tolist() == [1] * NUM_ENVS
+            vec.step(action)
+        assert vec.terrain_level.tolist() == [1] * NUM_ENVS
+    finally:
+        vec.close()
+
+
 def test_commanded_distance_sums_the_commanded_speed_over_the_episode(rough):
     rough.reset(seed=4)
     total = torch.zeros(NUM_ENVS)
@@ -324,6 +340,8 @@ def test_nonfinite_state_in_one_env_resets_that_env_only(rough):
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"max_init_level": 3}, "max_init_level"),
+    ({"start_level": 3}, "start_level"),
+    ({"start_level": -2}, "start_level"),
     ({"terrain_types": ("flat", "lava")}, "lava"),
     ({"scan_spacing": 0.0}, "scan_spacing"),
     ({"friction_range": (1.0, 0.5)}, "friction_range"),
