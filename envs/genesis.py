@@ -135,6 +135,11 @@ class GenesisVecEnv(gym.vector.VectorEnv):
     def _episode_info(self, ended: torch.Tensor) -> dict:
         return {}
 
+    def _cut_short(self) -> torch.Tensor | None:
+        """Envs whose episode the task ends early without a failure of the agent's (truncated, so bootstrapped),
+        after `_evaluate`; None: none."""
+        return None
+
     def _observe_critic(self) -> torch.Tensor:
         raise NotImplementedError
 
@@ -206,7 +211,9 @@ class GenesisVecEnv(gym.vector.VectorEnv):
         terms = {name: torch.where(failed, 0.0, term) for name, term in terms.items()}
         reward = sum(terms.values())
         terminated = terminated & ~failed
-        truncated = ((self.episode_step >= self.max_episode_steps) | failed) & ~terminated
+        truncated = (self.episode_step >= self.max_episode_steps) | failed
+        cut_short = self._cut_short()
+        truncated = (truncated if cut_short is None else truncated | cut_short) & ~terminated
         ended = terminated | truncated
         task_info = self._episode_info(ended & ~failed)
         # A failed env's last state is not finite: bootstrap from the observation it acted on instead.

@@ -24,6 +24,8 @@ The legged_gym recipe (Rudin et al. 2022, `legged_gym/envs/base/legged_robot.py`
   at legged_gym's level 1.
 - A fall is the base touching the ground (legged_gym's termination) or a tilt beyond 60 degrees (the flat task's
   10 degrees would end every walk up a slope); the base height reward measures from the ground under the base.
+  A robot within `edge_margin` of the field's edge ends its episode truncated (Isaac Lab's terrain_out_of_bounds):
+  there is no ground past the edge.
 - `info["episode_metrics"]` adds the level each episode was played on (`terrain_level`) and, per terrain type,
   the level and whether the robot fell (`terrain_level/<type>`, `fell/<type>`; NaN for episodes on other types,
   which the scripts leave out of those means).
@@ -81,18 +83,22 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
         push_interval_s: float = 15.0,
         max_push_velocity: float = 1.0,
         observation_noise: float = 1.0,
+        edge_margin: float = 3.0,
         **kwargs,
     ):
         if not 0 <= max_init_level < terrain_levels:
             raise ValueError(f"max_init_level must be in [0, terrain_levels - 1], got {max_init_level!r}")
         if not -1 <= start_level < terrain_levels:
             raise ValueError(f"start_level must be -1 (random) or in [0, terrain_levels - 1], got {start_level!r}")
+        if not 0 <= edge_margin < terrain_border:
+            raise ValueError(f"edge_margin must be in [0, terrain_border), got {edge_margin!r}: the robots walk off "
+                             "the field (no ground past it) or are cut short on the border")
         if not (scan_spacing > 0 and scan_length_x >= 0 and scan_width_y >= 0):
             raise ValueError("scan_spacing must be positive and the scan's length and width non-negative")
         self.layout = TileLayout(terrain_levels, terrain_types, tile_size, terrain_border, horizontal_scale)
         self.vertical_scale, self.terrain_seed = vertical_scale, terrain_seed
         self.curriculum, self.max_init_level, self.height_scan = curriculum, max_init_level, height_scan
-        self.start_level = start_level
+        self.start_level, self.edge_margin = start_level, edge_margin
         self.scan_local = scan_grid(scan_length_x, scan_width_y, scan_spacing)  # (points, 2), yaw frame
         self.critic_scan_size = len(self.scan_local)
         self.scan_size = self.critic_scan_size if height_scan else 0
@@ -119,6 +125,9 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
         field = self.layout.height_field(self.vertical_scale, self.terrain_seed)
         self.height_field = HeightField(torch.tensor(field * self.vertical_scale, device=gs.device),
                                         self.layout.horizontal_scale)
+        # The field's extent in x and y (m) from its corner at the origin; its last grid point is on the edge.
+        self.field_size = torch.tensor([(n - 1) * self.layout.horizontal_scale for n in field.shape],
+                                       device=gs.device)
         return scene.add_entity(gs.morphs.Terrain(height_field=field, horizontal_scale=self.layout.horizontal_scale,
                                                   vertical_scale=self.vertical_scale))
 
@@ -180,6 +189,14 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
         terms, fell = super()._evaluate(action)
         self.fell = fell | (self.link_forces[:, self.base_link] > CONTACT_FORCE_N)
         return terms, self.fell
+
+    def _cut_short(self) -> torch.Tensor:
+        """Robots within `edge_margin` of the field's edge: past it there is no ground, and a robot falling off it
+        falls forever (its height penalty growing without bound: it blew up a critic); as Isaac Lab's
+        terrain_out_of_bounds, the episode ends there, truncated (walking far is no failure)."""
+        xy = self.base_pos[:, :2]
+        inside = (xy >= self.edge_margin) & (xy <= self.field_size - self.edge_margin)
+        return ~inside.all(dim=-1)
 
     def _episode_info(self, ended: torch.Tensor) -> dict:
         info = super()._episode_info(ended)

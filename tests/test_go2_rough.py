@@ -14,7 +14,7 @@ from envs.terrain import TERRAIN_TYPES, HeightField, TileLayout, scan_grid, scan
 
 EPISODE = 10
 SMALL = dict(sim_device="cpu", stagger_episodes=False, max_episode_steps=EPISODE, terrain_levels=3, tile_size=4.0,
-             terrain_border=1.0, max_init_level=2)
+             terrain_border=1.0, max_init_level=2, edge_margin=0.5)
 CLEAN = dict(observation_noise=0.0)  # observations comparable entry by entry
 NUM_ENVS = 8  # more than the 7 terrain types: two robots share a type column
 
@@ -258,6 +258,22 @@ def test_the_base_touching_the_ground_is_a_fall(rough):
     assert not terminated[1:].any()
 
 
+def test_a_robot_at_the_fields_edge_ends_its_episode_truncated_not_fallen(rough):
+    """Bug: a robot walks off the field (no ground past its edge) and falls forever, its height penalty growing
+    without bound (it blew up a critic at 7.4M steps), or the edge counted as a fall (walking far punished)."""
+    rough.reset(seed=7)
+    qpos = rough.robot.get_qpos().clone()
+    far = rough.field_size.tolist()
+    for env, xy in ((0, [0.3, 2.0]), (1, [2.0, far[1] - 0.3]), (2, [0.7, 2.0])):  # margin 0.5: out, out, in
+        qpos[env, :2] = torch.tensor(xy)
+        qpos[env, 2] = rough.height_field.height_at(qpos[env:env + 1, :2])[0] + 0.42
+    rough.robot.set_qpos(qpos, zero_velocity=True)
+    _, _, terminated, truncated, info = rough.step(torch.zeros(NUM_ENVS, 12))
+    assert truncated[:2].all() and not terminated[:2].any()
+    assert info["episode_metrics"]["fell"][:2].tolist() == [0.0, 0.0]
+    assert not (truncated[2:] | terminated[2:]).any()
+
+
 # ---------------------------------------------------------------- domain randomisation
 def test_friction_and_mass_drawn_per_episode_reach_the_simulator_and_the_critic(rough):
     """Bugs: draws that never reach Genesis (the robot's mass unchanged), out of their ranges, the same for every
@@ -341,6 +357,7 @@ def test_nonfinite_state_in_one_env_resets_that_env_only(rough):
 @pytest.mark.parametrize("kwargs,match", [
     ({"max_init_level": 3}, "max_init_level"),
     ({"start_level": 3}, "start_level"),
+    ({"edge_margin": 1.0}, "edge_margin"),
     ({"start_level": -2}, "start_level"),
     ({"terrain_types": ("flat", "lava")}, "lava"),
     ({"scan_spacing": 0.0}, "scan_spacing"),
@@ -405,7 +422,8 @@ def test_the_height_scan_goes_through_its_own_encoder_and_reaches_the_actions(na
         torch.testing.assert_close(agent.encode(obs)[:, :48], obs[:, :48])  # beside the untouched proprioception
 
 
-SMOKE_ENV = dict(max_episode_steps=6, terrain_levels=3, tile_size=4.0, terrain_border=1.0, max_init_level=2)
+SMOKE_ENV = dict(max_episode_steps=6, terrain_levels=3, tile_size=4.0, terrain_border=1.0, max_init_level=2,
+                 edge_margin=0.5)
 
 
 @pytest.mark.parametrize("env_id", ["Go2Rough-v0", "Go2RoughBlind-v0"])
