@@ -1,12 +1,12 @@
 """Rough-terrain runs side by side: how far up the terrain curriculum each climbed, and how each policy fares on
 each terrain type, level by level.
 
-    python ppo_recurrent.py --env-id Go2Rough-v0 --privileged-critic --update-threads 1 --exp-name rough25m \\
+    python ppo_recurrent.py --env-id Go2Rough-v0 --privileged-critic --update-threads 1 --exp-name rough \\
         --total-timesteps 25000000
-    python ppo_recurrent.py --env-id Go2RoughBlind-v0 --privileged-critic --update-threads 1 --exp-name rough25m \\
+    python ppo_recurrent.py --env-id Go2RoughBlind-v0 --privileged-critic --update-threads 1 --exp-name rough \\
         --total-timesteps 25000000
-    python benchmarks/terrain_eval.py --run-dirs runs/Go2Rough-v0__rough25m__1__<time> \\
-        runs/Go2RoughBlind-v0__rough25m__1__<time> --stem go2rough_scan_vs_blind --video-type stairs_up
+    python benchmarks/terrain_eval.py --run-dirs runs/Go2Rough-v0__rough__1__<time> \\
+        runs/Go2RoughBlind-v0__rough__1__<time> --stem go2rough_scan_vs_blind --video-type stairs_up
 
 From each run's training events (TensorBoard's reader): the mean terrain level of the episodes that ended in each
 iteration against steps (the curriculum's progress), and over the last `--last-iterations` iterations the level
@@ -84,10 +84,15 @@ def tail_mean(curve: tuple[np.ndarray, np.ndarray] | None, last: int) -> float:
     return float(np.mean(curve[1][-last:]))
 
 
+def last_checkpoint(run_dir: str) -> tuple[str, dict]:
+    """The path and contents of the run's last periodic checkpoint."""
+    path = sorted(glob.glob(os.path.join(run_dir, "checkpoint_[0-9]*.pt")))[-1]
+    return path, torch.load(path, map_location="cpu", weights_only=True)
+
+
 def evaluate_levels(run_dir: str, module, levels: tuple[int, ...], episodes_per_type: int) -> dict[str, dict]:
     """{level: the script's evaluate() of the run's last periodic checkpoint on that level alone}, cached."""
-    checkpoint_path = sorted(glob.glob(os.path.join(run_dir, "checkpoint_[0-9]*.pt")))[-1]
-    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    checkpoint_path, checkpoint = last_checkpoint(run_dir)
     types = (checkpoint["args"].get("env_kwargs") or {}).get("terrain_types", TERRAIN_TYPES)
     episodes = episodes_per_type * len(types)  # env i plays type i mod types: as many episodes of each
     cache_path = os.path.join(run_dir, f"terrain_eval_{episodes}.json")
@@ -110,8 +115,7 @@ def evaluate_levels(run_dir: str, module, levels: tuple[int, ...], episodes_per_
 def record_video(run_dir: str, module, terrain_type: str, level: int) -> str:
     """One evaluation episode of the run's last periodic checkpoint on a field of `terrain_type` alone at `level`
     (env 0 is the recorded one, and env i plays type i mod types); returns the video's path."""
-    checkpoint_path = sorted(glob.glob(os.path.join(run_dir, "checkpoint_[0-9]*.pt")))[-1]
-    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    _, checkpoint = last_checkpoint(run_dir)
     env_kwargs = dict(terrain_types=[terrain_type], curriculum=False, start_level=level)
     evaluate_with_env_kwargs(module, checkpoint, run_dir, env_kwargs, episodes=1, capture_video=True)
     path = os.path.join(run_dir, "videos", f"{terrain_type}_level{level}.mp4")
