@@ -360,3 +360,50 @@ def test_terrain_eval_reports_the_curriculums_end_per_type_and_each_level_evalua
     assert len(evaluated) == 3  # the levels from the run's cache
     with pytest.raises(SystemExit, match="--run-dirs .* has no periodic checkpoint"):
         terrain_eval.main(terrain_eval.Args(run_dirs=(str(tmp_path),), out_dir=str(tmp_path / "out")))
+
+
+def test_gpu_sync_count_names_the_project_line_of_each_sync_and_keeps_the_lines_that_grow_with_the_steps(
+        monkeypatch, capsys):
+    """Bugs: syncs put on torch's own line or the checker's (every warning in one bucket, no line to fix), or lines
+    that sync once per iteration reported as per-step ones (the counts of the two rollout lengths not compared)."""
+    import types
+    import warnings
+
+    import torch
+
+    from benchmarks import gpu_checks
+
+    torch_side = {"warnings": warnings}  # the warning is raised inside torch's code, not on the project's line
+    exec(compile("def item():\n    warnings.warn('called a synchronizing CUDA operation')\n",
+                 "/usr/lib/python3/site-packages/torch/_tensor.py", "exec"), torch_side)
+
+    def per_step_sync():
+        torch_side["item"]()  # the line to report
+
+    def train(args):
+        warnings.warn("called a synchronizing CUDA operation")  # once per run: logging
+        for _ in range(args.num_steps * 2):
+            per_step_sync()
+        warnings.warn("an unrelated warning")
+
+    fake = types.SimpleNamespace(task_args=lambda env_id, **flags: types.SimpleNamespace(**flags), train=train)
+    monkeypatch.setattr(gpu_checks.importlib, "import_module", lambda name: fake)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)  # a CPU build has no CUDA to watch
+    gpu_checks.syncs(gpu_checks.Syncs(scripts=["fake"], num_steps=3, iterations=2))
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])["fake"]
+    here = os.path.relpath(__file__, gpu_checks.ROOT)
+    line = per_step_sync.__code__.co_firstlineno + 1
+    assert report == {"syncs": [7, 13], "growing_with_steps": {f"{here}:{line}": [6, 12]}}
+
+
+def test_gpu_sim_check_times_the_scene_inside_the_same_steps_through_envs(capsys):
+    """Bugs: the scene-alone rate timing something else than the scene's own steps (then it is not above the rate
+    through envs/, which includes them), or a row per task and size missing."""
+    from benchmarks import gpu_checks
+
+    gpu_checks.sim(gpu_checks.Sim(env_ids=["FrankaReach-v0"], num_envs=[4, 8], steps=3, warmup=1, sim_device="cpu"))
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| Franka")]
+    assert [int(row[1]) for row in rows] == [4, 8]
+    for row in rows:
+        through, alone = (float(cell.replace(",", "")) for cell in row[3:5])
+        assert 0 < through < alone

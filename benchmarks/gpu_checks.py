@@ -1,0 +1,148 @@
+"""Checks for a CUDA machine (issue 51, docs/benchmarks.md): simulator throughput on the GPU, and where a script's
+rollout waits on the GPU.
+
+    python benchmarks/gpu_checks.py sim --env-ids Go2Walk-v0 FrankaReach-v0 --num-envs 1024 4096
+    python benchmarks/gpu_checks.py syncs --env-id Go2Walk-v0 --num-envs 4096
+
+`sim`: each task built on `gs.gpu` with its tensors on CUDA, stepped with random actions: the first build's time
+(kernel compile included when the cache is cold), then env-steps/s through `envs/` and of the scene's own steps
+alone, the GPU synchronised around each timed stretch so that queued work is counted.
+
+`syncs`: each script trains a few iterations on CUDA with `torch.cuda.set_sync_debug_mode("warn")`, once with
+--num-steps S and once with 2S; every warning is counted by the script line that raised it. A line whose count
+doubles with the steps synchronises once per rollout step (the design forbids it: docs/design.md); lines that
+stay the same run once per iteration (logging, the update's early stop).
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import tyro
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import envs  # noqa: E402
+
+
+@dataclass
+class Sim:
+    env_ids: list[str] = field(default_factory=lambda: ["Go2Walk-v0", "FrankaReach-v0"])
+    """the tasks to step"""
+    num_envs: list[int] = field(default_factory=lambda: [1024, 4096])
+    """batch sizes to measure"""
+    steps: int = 200
+    """timed steps per batch size"""
+    warmup: int = 20
+    """untimed steps first"""
+    sim_device: str = "gpu"
+    """where Genesis simulates (cpu to try this script without a GPU)"""
+
+
+@dataclass
+class Syncs:
+    env_id: str = "Go2Walk-v0"
+    """the task to train on"""
+    scripts: list[str] = field(default_factory=lambda: ["ppo_continuous", "ppo_recurrent", "ppo_transformer"])
+    """the scripts to check"""
+    num_envs: int = 4096
+    """envs per run"""
+    num_steps: int = 12
+    """rollout length of the first run (the second takes twice as many)"""
+    iterations: int = 2
+    """iterations per run"""
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def sim(args: Sim) -> None:
+    device = "cuda" if args.sim_device == "gpu" else "cpu"
+    print("| task | envs | first build (s) | steps/s through envs/ | steps/s of the scene alone |")
+    print("|---|---:|---:|---:|---:|")
+    for env_id in args.env_ids:
+        for num_envs in args.num_envs:
+            started = time.perf_counter()
+            vec = envs.make(env_id, num_envs=num_envs, seed=0, device=device, sim_device=args.sim_device)
+            vec.reset()
+            synchronize()
+            build_s = time.perf_counter() - started
+            scene_step, scene_s = vec.scene.step, [0.0]
+
+            def timed_scene_step(*a, **kw):
+                synchronize()
+                start = time.perf_counter()
+                scene_step(*a, **kw)
+                synchronize()
+                scene_s[0] += time.perf_counter() - start
+
+            vec.scene.step = timed_scene_step
+            low = torch.as_tensor(vec.single_action_space.low, device=device).clamp(min=-1.0)
+            high = torch.as_tensor(vec.single_action_space.high, device=device).clamp(max=1.0)
+            actions = [low + (high - low) * torch.rand(num_envs, len(low), device=device) for _ in range(64)]
+            for i in range(args.warmup):
+                vec.step(actions[i % 64])
+            synchronize()
+            scene_s[0], started = 0.0, time.perf_counter()
+            for i in range(args.steps):
+                vec.step(actions[i % 64])
+            synchronize()
+            through = time.perf_counter() - started
+            vec.close()
+            print(f"| {env_id} | {num_envs} | {build_s:.1f} | {args.steps * num_envs / through:,.0f} | "
+                  f"{args.steps * num_envs / scene_s[0]:,.0f} |", flush=True)
+
+
+def sync_counts(module, args: Syncs, num_steps: int) -> collections.Counter:
+    """Sync warnings per (file, line) over `iterations` iterations of `num_steps` steps, the run's own lines."""
+    run_args = module.task_args(
+        args.env_id, num_envs=args.num_envs, num_steps=num_steps, cuda=True, progress_bar=False, eval_interval=0,
+        checkpoint_interval=1000, total_timesteps=args.iterations * num_steps * args.num_envs, exp_name="syncs")
+    counts = collections.Counter()
+
+    def count(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        # the innermost frame of this project's code (the warning's own frame may be inside torch)
+        ours = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(ROOT) and not any(
+                part in f.filename for part in ("gpu_checks", "site-packages", ".venv"))]
+        counts[f"{os.path.relpath(ours[-1].filename, ROOT)}:{ours[-1].lineno}" if ours else f"{filename}:{lineno}"] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = count
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            module.train(run_args)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return counts
+
+
+def syncs(args: Syncs) -> None:
+    report = {}
+    for name in args.scripts:
+        module = importlib.import_module(name)
+        short, long = (sync_counts(module, args, steps) for steps in (args.num_steps, 2 * args.num_steps))
+        per_step = {line: [short[line], long[line]] for line in sorted(set(short) | set(long))
+                    if long[line] > short[line]}
+        report[name] = {"syncs": [sum(short.values()), sum(long.values())], "growing_with_steps": per_step}
+        print(f"{name}: {args.num_steps} steps {sum(short.values())} syncs, {2 * args.num_steps} steps "
+              f"{sum(long.values())}; lines growing with the steps: {per_step or 'none'}", flush=True)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    command = tyro.extras.subcommand_cli_from_dict({"sim": Sim, "syncs": Syncs})
+    (sim if isinstance(command, Sim) else syncs)(command)
