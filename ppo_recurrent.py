@@ -917,14 +917,14 @@ def train(args: Args, on_iteration=None) -> dict:
             advantages, returns = compute_advantages(agent, rollout, next_obs, next_critic_obs, carry, reward_scaler,
                                                      args)
             global_step += T * N * args.world_size
-            rollout_time = time.perf_counter() - rollout_start
+            rollout_time = elapsed_since(rollout_start)
 
             update_start = time.perf_counter()
             torch.set_num_threads(update_threads)
             batch = (rollout.obs, rollout.starts, rollout.actions, rollout.logprobs, rollout.values, advantages,
                      returns, rollout.critic_obs)
             update_stats, epochs_done = update(agent, optimizer, loss_fn, batch, rollout.states, args)
-            update_time = time.perf_counter() - update_start
+            update_time = elapsed_since(update_start)
             torch.set_num_threads(rollout_threads)
             eval_metrics = run.evaluate(iteration, agent, obs_norm)  # --eval-interval: the updated policy, deployed
 
@@ -1308,6 +1308,14 @@ def video_saved(path: str, wandb_run, global_step: int) -> None:
         wandb_run.log({"videos/train": wandb.Video(path, format="mp4"), "global_step": global_step})
 
 
+def elapsed_since(start: float) -> float:
+    """Seconds since `start` (a time.perf_counter() reading) once the GPU has done the work queued so far: CUDA runs
+    asynchronously, so a phase's queued kernels would otherwise be timed in the next phase that waits for them."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 def show_progress(progress, metrics: dict, recent_returns: list[float]) -> None:
     """One iteration on the tqdm bar, with SPS, the mean of the last 100 returns and the success rate."""
     progress.update(1)
@@ -1475,7 +1483,7 @@ class Run:
                     raise EnvStepError(f"{args.env_id}: the evaluation envs raised at iteration {iteration} "
                                        f"({type(error).__name__}: {error})") from error
             metrics = {EVAL_NAMES.get(key, f"eval/{key}"): value for key, value in result.items() if key != "episodes"}
-            metrics["time/eval_s"] = time.perf_counter() - started
+            metrics["time/eval_s"] = elapsed_since(started)
             score = [result["success_rate"], result["mean_return"]] if "success_rate" in result else [
                 result["mean_return"]]
         if dist.is_initialized():
