@@ -105,7 +105,7 @@ class FrankaArmVecEnv(GenesisVecEnv):
         self.robot.set_qpos(qpos, envs_idx=envs_idx, zero_velocity=True)
         self.robot.control_dofs_position(qpos, envs_idx=envs_idx)
         self.arm_target[envs_idx] = qpos[:, :NUM_ARM_JOINTS]
-        self.prev_action[envs_idx] = 0.0
+        self.prev_action.index_fill_(0, envs_idx, 0.0)
 
     def _apply_action(self, action: torch.Tensor) -> None:
         """The first 7 actions move the joint-position command by up to `action_scale` rad per joint."""
@@ -247,7 +247,7 @@ class FrankaReachCueVecEnv(FrankaReachVecEnv):
 
     def _reset_envs(self, envs_idx: torch.Tensor) -> None:
         super()._reset_envs(envs_idx)
-        self.episode_age[envs_idx] = 0
+        self.episode_age.index_fill_(0, envs_idx, 0)
 
     def _apply_action(self, action: torch.Tensor) -> None:
         super()._apply_action(action)

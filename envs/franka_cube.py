@@ -62,6 +62,7 @@ class FrankaCubeVecEnv(FrankaArmVecEnv):
         self.cube_high = torch.tensor((cube_x_range[1], cube_y_range[1], CUBE_HALF_SIZE), device=sim)
         self.goal_pos = torch.zeros(num_envs, 3, device=sim)
         self.solved_once = torch.zeros(num_envs, dtype=torch.bool, device=sim)
+        self.upright = torch.tensor((1.0, 0.0, 0.0, 0.0), device=sim)  # made once: no host-to-device copy per reset
         self.table_contact_weight = table_contact_weight
         self.action_rate_weight = action_rate_weight
         # The links whose touching the table is penalised (global indices): all but the fingers and the base,
@@ -81,15 +82,13 @@ class FrankaCubeVecEnv(FrankaArmVecEnv):
         """The cube at rest on the table, upright, at a uniform position in the cube ranges; returns it."""
         pos = self._uniform(len(envs_idx), self.cube_low, self.cube_high)
         self._place(self.cube, pos, envs_idx)
-        self.solved_once[envs_idx] = False
+        self.solved_once.index_fill_(0, envs_idx, False)
         return pos
 
-    @staticmethod
-    def _place(body, pos: torch.Tensor, envs_idx: torch.Tensor) -> None:
+    def _place(self, body, pos: torch.Tensor, envs_idx: torch.Tensor) -> None:
         """`body` upright and at rest at `pos` (one row per env of `envs_idx`)."""
-        upright = torch.tensor((1.0, 0.0, 0.0, 0.0), device=pos.device).expand(len(envs_idx), 4)
         body.set_pos(pos, envs_idx=envs_idx, skip_forward=True)
-        body.set_quat(upright, envs_idx=envs_idx, zero_velocity=True)
+        body.set_quat(self.upright.expand(len(envs_idx), 4), envs_idx=envs_idx, zero_velocity=True)
 
     # ---------------------------------------------------------- dynamics drawn per episode, hidden from the policy
     def _randomise_dynamics(self, ranges: dict[str, tuple[float, float]]) -> None:
@@ -243,7 +242,7 @@ class FrankaPushCubeVecEnv(FrankaCubeVecEnv):
         goal = cube.clone()
         goal[:, 0] += self.goal_offset_x
         goal[:, 1] = self._uniform(n, self.goal_y_range[:1], self.goal_y_range[1:]).squeeze(-1)
-        goal[:, 2] = 0.0
+        goal[:, 2].zero_()
         self.goal_pos[envs_idx] = goal
         to_goal = goal[:, :2] - cube[:, :2]
         self.push_dir[envs_idx] = to_goal / to_goal.norm(dim=-1, keepdim=True)
@@ -291,9 +290,10 @@ class FrankaGraspVecEnv(FrankaCubeVecEnv):
     def _reset_arm_open(self, envs_idx: torch.Tensor) -> None:
         """The arm home plus noise with the gripper open. Its action is set before the arm is placed (the fingers
         are placed where _finger_command() reads it to be) and again after (_reset_arm zeroes the previous action)."""
-        self.prev_action[envs_idx, NUM_ARM_JOINTS] = 1.0
+        gripper_action = self.prev_action[:, NUM_ARM_JOINTS]
+        gripper_action.index_fill_(0, envs_idx, 1.0)
         self._reset_arm(envs_idx)
-        self.prev_action[envs_idx, NUM_ARM_JOINTS] = 1.0
+        gripper_action.index_fill_(0, envs_idx, 1.0)
 
     def _read_grasp(self) -> None:
         """The fingers, the cube relative to the TCP, and whether it is grasped: the cube between the fingertips, the
@@ -479,6 +479,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         sim = gs.device
         self.area_centre, self.area_shift, self.area_half = centre.to(sim), shift.to(sim), half.to(sim)
         self.on_top = torch.tensor((0.0, 0.0, 2 * CUBE_HALF_SIZE), device=sim)  # B's centre to where A's goes
+        self.sideways = torch.tensor((0.0, 1.0), device=sim)  # B's direction from A when both are drawn on one spot
         self.best_stage = torch.zeros(num_envs, dtype=torch.int64, device=sim)
         self.closest_to_b = torch.zeros(num_envs, device=sim)  # A's nearest approach to the spot on top of B (m)
         if randomise_dynamics:
@@ -507,8 +508,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
             b = torch.where(too_near, centre + self._uniform(n, -self.area_half, self.area_half), b)
         apart = b - a
         distance = apart.norm(dim=-1, keepdim=True)
-        sideways = torch.tensor((0.0, 1.0), device=a.device)  # for a pair drawn on the same spot
-        direction = torch.where(distance > 1e-6, apart / distance.clamp(min=1e-6), sideways)
+        direction = torch.where(distance > 1e-6, apart / distance.clamp(min=1e-6), self.sideways)
         b = torch.where(distance < CUBE_SEPARATION, a + CUBE_SEPARATION * direction, b)
         on_table = torch.full((n, 1), CUBE_HALF_SIZE, device=a.device)
         return torch.cat([a, on_table], -1), torch.cat([b, on_table], -1)
@@ -519,9 +519,9 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         a, b = self._draw_cube_positions(len(envs_idx))
         self._place(self.cube, a, envs_idx)
         self._place(self.cube_b, b, envs_idx)
-        self.solved_once[envs_idx] = False
-        self.best_stage[envs_idx] = 0
-        self.closest_to_b[envs_idx] = float("inf")
+        self.solved_once.index_fill_(0, envs_idx, False)
+        self.best_stage.index_fill_(0, envs_idx, 0)
+        self.closest_to_b.index_fill_(0, envs_idx, float("inf"))
         self._draw_dynamics(envs_idx)
 
     def state_dict(self) -> dict:

@@ -154,7 +154,7 @@ class GenesisVecEnv(gym.vector.VectorEnv):
     # ------------------------------------------------------------------ the contract
     def _start_episodes(self, envs_idx: torch.Tensor) -> None:
         self._reset_envs(envs_idx)
-        self.episode_step[envs_idx] = 0
+        self.episode_step.index_fill_(0, envs_idx, 0)
 
     def reset(self, seed: int | None = None, options: dict | None = None):
         """Resets every env, or only those in `options["reset_mask"]`; the first reset uses the seed of `make`."""
@@ -197,8 +197,9 @@ class GenesisVecEnv(gym.vector.VectorEnv):
             # Genesis checks its error flags every few substeps and raises for the whole batch: start new
             # episodes in failed envs right away (clearing Genesis's per-env error flag); they truncate below.
             step_failed = self._rigid_solver.get_error_envs_mask()
-            if step_failed.any():
-                self._start_episodes(step_failed.nonzero().squeeze(-1))
+            failed_idx = step_failed.nonzero().squeeze(-1)  # a host sync (its length), the substep's only one
+            if len(failed_idx):
+                self._start_episodes(failed_idx)
                 failed |= step_failed
 
         self.episode_step += 1
@@ -220,8 +221,9 @@ class GenesisVecEnv(gym.vector.VectorEnv):
         final_obs = torch.where(failed[:, None], self._last_obs, obs)
         if critic_obs is not None:
             final_critic_obs = torch.where(failed[:, None], self._last_critic_obs, critic_obs)
-        if ended.any():
-            self._start_episodes(ended.nonzero().squeeze(-1))
+        ended_idx = ended.nonzero().squeeze(-1)  # the step's other host sync; none elsewhere (docs/tasks.md)
+        if len(ended_idx):
+            self._start_episodes(ended_idx)
             self._read_state()
             obs, critic_obs = self._observe_both()
         self._last_obs, self._last_critic_obs = obs, critic_obs

@@ -225,9 +225,8 @@ class Go2WalkVecEnv(GenesisVecEnv):
         """New episode: standing in the default pose at the start position, at rest, with a fresh command."""
         self.robot.set_qpos(self._initial_qpos(envs_idx), envs_idx=envs_idx, zero_velocity=True)
         self.commands[envs_idx] = self._uniform(len(envs_idx), self.command_low, self.command_high)
-        self.last_action[envs_idx] = 0.0
-        self.lin_vel_error_sum[envs_idx] = 0.0
-        self.ang_vel_error_sum[envs_idx] = 0.0
+        for zeroed in (self.last_action, self.lin_vel_error_sum, self.ang_vel_error_sum):
+            zeroed.index_fill_(0, envs_idx, 0.0)  # not `x[envs_idx] = 0.0`: a host-to-device copy on a GPU
         if self.randomise_dynamics:
             self.dynamics[envs_idx] = self._uniform(len(envs_idx), self.dynamics_low, self.dynamics_high)
             self._send_dynamics(envs_idx)

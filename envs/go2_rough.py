@@ -158,7 +158,7 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
         centre = self.tile_centres[levels, self.type_column[envs_idx]]
         self.spawn_xy[envs_idx] = centre + self._uniform(n, self.spawn_offsets[:1].expand(2),
                                                          self.spawn_offsets[1:].expand(2))
-        self.commanded_distance[envs_idx] = 0.0
+        self.commanded_distance.index_fill_(0, envs_idx, 0.0)
         super()._reset_envs(envs_idx)
 
     def _initial_qpos(self, envs_idx: torch.Tensor) -> torch.Tensor:
@@ -203,7 +203,7 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
         metrics = info["episode_metrics"]
         level = self.terrain_level.float()
         metrics["terrain_level"] = torch.where(ended, level, 0.0)
-        nan = torch.tensor(float("nan"), device=level.device)
+        nan = float("nan")
         for column, kind in enumerate(self.layout.types):
             here = ended & (self.type_column == column)
             metrics[f"terrain_level/{kind}"] = torch.where(here, level, nan)
