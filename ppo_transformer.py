@@ -1287,14 +1287,18 @@ def mean_std_over_processes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def init_distributed(args: Args) -> int:
-    """Under torchrun, joins its process group (NCCL for a CUDA policy, gloo otherwise; each process on its own GPU)
-    and returns this process's rank; 0 without torchrun."""
+    """Under torchrun, joins its process group (NCCL for a CUDA policy with a GPU per process, gloo otherwise; each
+    process on its own GPU, or sharing them in turn) and returns this process's rank; 0 without torchrun."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return dist.get_rank() if dist.is_initialized() else 0
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # Genesis also builds on the current GPU
-    cuda = args.cuda or args.policy_device == "cuda" or (args.policy_device == "auto" and torch.cuda.is_available())
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.dist_timeout_s))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus:  # more processes than GPUs share them in turn; Genesis also builds on the current GPU
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % gpus)
+    cuda = args.cuda or args.policy_device == "cuda" or (args.policy_device == "auto" and gpus > 0)
+    # NCCL refuses two processes on one GPU; gloo reduces CUDA tensors too, through the host
+    one_gpu_each = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= gpus
+    backend = "nccl" if cuda and one_gpu_each else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.dist_timeout_s))
     return dist.get_rank()
 
 

@@ -355,3 +355,29 @@ def test_two_processes_with_a_privileged_critic_keep_one_network_and_one_critic_
     states = run_processes(_train_and_read_state, name, flags, cwd=tmp_path)
     assert states[0]["critic_norm"]["count"].item() > 1
     assert_same_state(states[0], states[1])
+
+
+@pytest.mark.parametrize("gpus,cuda,device,backend", [
+    (1, True, 0, "gloo"),  # two processes, one GPU: both on it, and NCCL would refuse the pair
+    (2, True, 1, "nccl"),  # a GPU each: process 1 on the second
+    (2, False, 1, "gloo"),  # a CPU policy: gloo whatever the GPUs
+    (0, False, None, "gloo"),
+])
+def test_more_processes_than_gpus_share_them_and_reduce_through_gloo(monkeypatch, gpus, cuda, device, backend):
+    """Bugs: process 1 of two asking for GPU 1 on a one-GPU machine (torchrun --nproc-per-node 2 ended with
+    'invalid device ordinal'), or NCCL chosen for two processes on one GPU (it refuses a GPU shared by two ranks)."""
+    import torch.distributed as dist
+
+    module = script_named("ppo_continuous").module  # init_distributed is the same in all three (test_copies)
+    chosen = {}
+    for key, value in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1", "RANK": "1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: chosen.setdefault("device", index))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda name, **kw: chosen.setdefault("backend", name))
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    args = module.Args(cuda=cuda, policy_device="cuda" if cuda else "cpu")
+    assert module.init_distributed(args) == 1
+    assert (chosen.get("device"), chosen["backend"]) == (device, backend)
