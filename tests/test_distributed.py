@@ -364,8 +364,8 @@ def test_two_processes_with_a_privileged_critic_keep_one_network_and_one_critic_
     (0, False, None, "gloo"),
 ])
 def test_more_processes_than_gpus_share_them_and_reduce_through_gloo(monkeypatch, gpus, cuda, device, backend):
-    """Bugs: process 1 of two asking for GPU 1 on a one-GPU machine (torchrun --nproc-per-node 2 ended with
-    'invalid device ordinal'), or NCCL chosen for two processes on one GPU (it refuses a GPU shared by two ranks)."""
+    """Bugs: process 1 of two asking for GPU 1 on a one-GPU machine (torch.cuda.set_device(1) there raises 'invalid
+    device ordinal'), or NCCL chosen for two processes on one GPU (it refuses a GPU shared by two ranks)."""
     import torch.distributed as dist
 
     module = script_named("ppo_continuous").module  # init_distributed is the same in all three (test_copies)
