@@ -1,0 +1,97 @@
+#!/bin/bash
+# Issue 51's GPU checks as one command, cheapest first; benchmarks/results/gpu.md says what each has measured so far.
+#
+#   bash benchmarks/gpu_session.sh [STEP ...]      steps: sim syncs go2 memory compile pick torchrun (default: all)
+#
+# Run it from the repository root on a CUDA machine with the project's packages importable. Each step is stamped
+# with the clock in $OUT/log.txt (default gpu_out/), so wall times can be read against the runs' TensorBoard events,
+# which end up in $OUT/runs.tgz (no checkpoints). Each step has a time limit; a step that fails does not stop the
+# next. On a fresh machine the first Genesis build compiles the kernels (about 2 minutes on an H200), so put `sim`
+# first. SMALL=1 runs every step at toy sizes on the CPU: a check of the commands, not a measurement.
+set -o pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+LOG=$OUT/log.txt
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+if [ "${SMALL:-0}" = 1 ]; then
+    ENVS=8 DEVICE="--policy-device cpu --sim-device cpu" SIM_DEVICE=cpu ITERATIONS=2 EPISODES=2 SCALE=1
+else
+    ENVS=4096 DEVICE="--cuda" SIM_DEVICE=gpu ITERATIONS=100 EPISODES=200 SCALE=0
+fi
+QUIET="--no-progress-bar"
+
+stamp() { echo "== $(date +%s.%N) $*" | tee -a "$LOG"; }
+# run LIMIT_S COMMAND...: the command's output to the log (the compiler's deprecation chatter left out)
+run() {
+    local limit=$1
+    shift
+    echo "\$ $*" >>"$LOG"
+    timeout "$limit" "$@" 2>&1 | grep -v "DeprecationWarning\|isinstance(stmt.value" | tee -a "$LOG"
+}
+steps_of() { echo $(($1 * 24 * ENVS)); }  # total steps of $1 iterations of 24 steps
+
+step_sim() {  # item 1: build and step each robot task on gs.gpu (the first build compiles the kernels)
+    local sizes="1024 4096"
+    [ $SCALE = 1 ] && sizes="4 8"
+    run 400 $PY benchmarks/gpu_checks.py sim --sim-device $SIM_DEVICE --num-envs $sizes \
+        --env-ids Go2Walk-v0 FrankaReach-v0 FrankaPickCube-v0 Go2Rough-v0
+}
+
+step_syncs() {  # item 2: host syncs per rollout step, by line, in each script (needs CUDA)
+    [ $SCALE = 1 ] && { echo "syncs: needs CUDA, skipped" | tee -a "$LOG"; return; }
+    run 200 $PY benchmarks/gpu_checks.py syncs --env-id Go2Walk-v0 --num-envs $ENVS
+}
+
+step_go2() {  # item 3: Genesis's example settings, 100 iterations, evaluated every 10 (time to the flat bar)
+    run 300 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS --hidden-sizes 512 256 128 \
+        --total-timesteps $(steps_of $ITERATIONS) --eval-interval $((ITERATIONS / 10 > 0 ? ITERATIONS / 10 : 1)) \
+        --eval-episodes $EPISODES --exp-name gpu_genesis_example $QUIET
+}
+
+step_memory() {  # item 2: the recurrent and transformer scripts on CUDA, their checkpoints evaluated on both devices
+    for script in ppo_recurrent ppo_transformer; do
+        run 200 $PY $script.py --env-id Go2WalkNoVel-v0 $DEVICE --num-envs $ENVS \
+            --total-timesteps $(steps_of $((ITERATIONS / 10 > 2 ? ITERATIONS / 10 : 2))) --eval-interval 0 \
+            --exp-name gpu_$script $QUIET
+        local checkpoint
+        checkpoint=$(ls -td runs/Go2WalkNoVel-v0__gpu_${script}__*/ | head -1)checkpoint.pt
+        for policy in cuda cpu; do
+            [ $SCALE = 1 ] && policy=cpu
+            run 120 $PY $script.py --eval-checkpoint "$checkpoint" --eval-episodes $EPISODES --policy-device $policy \
+                --sim-device $([ $SCALE = 1 ] && echo cpu || echo cuda)
+        done
+    done
+}
+
+step_compile() {  # item 6: --compile against eager, the same 20 iterations (SPS in the events)
+    for compiled in --no-compile --compile; do
+        run 300 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS --hidden-sizes 512 256 128 \
+            --total-timesteps $(steps_of $((ITERATIONS / 5 > 2 ? ITERATIONS / 5 : 2))) --eval-interval 0 $compiled \
+            --exp-name gpu_${compiled#--} $QUIET
+    done
+}
+
+step_pick() {  # item 5: picking at 4096 envs with ManiSkill3's short rollouts (ppo_fast: 4096 envs x 8 steps)
+    run 400 $PY ppo_continuous.py --env-id FrankaPickCube-v0 $DEVICE --num-envs $ENVS --num-steps 8 \
+        --total-timesteps $([ $SCALE = 1 ] && echo 128 || echo 5000000) --eval-interval 10 \
+        --eval-episodes $EPISODES --exp-name gpu_pick_short $QUIET
+}
+
+step_torchrun() {  # item 7: two processes sharing one GPU (gloo), half the envs each
+    run 300 torchrun --standalone --nproc-per-node 2 ppo_continuous.py --env-id Go2Walk-v0 $DEVICE \
+        --num-envs $((ENVS / 2)) --total-timesteps $(steps_of $((ITERATIONS / 5 > 2 ? ITERATIONS / 5 : 2))) \
+        --eval-interval 0 --exp-name gpu_torchrun $QUIET
+}
+
+stamp start
+if [ $SCALE = 0 ]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$LOG"
+fi
+$PY -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" 2>&1 | tee -a "$LOG"
+for step in ${@:-sim syncs go2 memory compile pick torchrun}; do
+    stamp "$step"
+    "step_$step" || echo "$step: exit $?" | tee -a "$LOG"
+    tar czf "$OUT/runs.tgz" --exclude='*.pt' runs/*__gpu_* runs/*__syncs__* 2>/dev/null
+done
+stamp end
