@@ -1234,6 +1234,8 @@ def restore(checkpoint: dict | None, rank: int, vec, stateful: dict, own_statefu
     for key, obj in own_stateful.items():
         obj.load_state_dict(own[key])
     torch.set_rng_state(own["torch_rng"])
+    if own.get("cuda_rng") is not None and torch.cuda.is_available():  # a CUDA policy's action noise and shuffles
+        torch.cuda.set_rng_state(own["cuda_rng"])
     if own["env"] is not None:
         vec.load_state_dict(own["env"])
         for key, value in carry.items():
@@ -1437,6 +1439,7 @@ class Run:
         except NotImplementedError:
             env_state = None
         return {"torch_rng": torch.get_rng_state(), "env": env_state,
+                "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None,
                 **{key: value.cpu() if isinstance(value, torch.Tensor) else value.state_dict()
                    for key, value in self.carry.items()},
                 **{key: obj.state_dict() for key, obj in self.own_stateful.items()}}

@@ -203,17 +203,27 @@ def test_runtime_fields_are_not_flags(script, in_tmp, capsys):
     capsys.readouterr()
 
 
-def test_phase_timings_wait_for_the_gpu_before_the_clock_is_read(script, in_tmp, monkeypatch):
+@pytest.fixture
+def gpu_in_use(monkeypatch) -> dict:
+    """CUDA faked as in use on a CPU-only machine: what the scripts ask of it is recorded ("waits": synchronize
+    calls, "restored": states given to set_rng_state), and its generator's state is "state"."""
+    fake = {"waits": [], "restored": [], "state": torch.tensor([7, 1, 3], dtype=torch.uint8)}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: fake["waits"].append(device))
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": fake["state"].clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": fake["restored"].append(state))
+    return fake
+
+
+def test_phase_timings_wait_for_the_gpu_before_the_clock_is_read(script, in_tmp, gpu_in_use):
     """Bug: time/rollout_s, time/update_s and time/eval_s read while the GPU still runs the phase's queued kernels,
     so each phase's work is timed in the next one that waits for it (on an H200 the logged phases left 90 ms of each
-    0.45 s iteration unaccounted for). A CPU has no queue: the waits are counted where CUDA is faked as running."""
-    waits = []
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waits.append(device))
+    0.45 s iteration unaccounted for). A CPU has no queue: the waits are counted where CUDA is faked as in use."""
     summary = script.module.train(script.args(eval_interval=2, eval_episodes=1))
     iterations = summary["iteration"]
     evaluations = len([i for i in range(1, iterations + 1) if i % 2 == 0 or i == iterations])
-    assert iterations >= 3 and len(waits) == 2 * iterations + evaluations
+    assert iterations >= 3 and len(gpu_in_use["waits"]) == 2 * iterations + evaluations
 
 
 # ---------------------------------------------------------------- evaluation plays exactly what is asked
@@ -338,6 +348,19 @@ def test_resume_continues_the_tensorboard_record_without_repeating_a_step(script
     for tag, logged in steps.items():
         assert all(a < b for a, b in zip(logged, logged[1:])) or tag.startswith("charts/episodic"), tag
         assert sorted(logged) == logged, tag
+
+
+def test_resume_restores_the_gpus_random_stream_as_well_as_the_cpus(script, in_tmp, gpu_in_use):
+    """Bug: a checkpoint saving the CPU's random state only: a CUDA policy draws its action noise and minibatch
+    shuffles from the GPU's generator, which a resumed run restarted from its seed, so the resumed curves left the
+    uninterrupted run's. A CPU has no such generator: it is faked as one in use, with a state of its own."""
+    args = script.args(checkpoint_interval=1)
+    args.total_timesteps = 2 * args.num_envs * args.num_steps
+    straight = script.module.train(args)
+    assert not gpu_in_use["restored"]  # a fresh run restores nothing
+    script.module.train(script.module.Args(resume=os.path.join(straight["run_dir"], "checkpoint_000001.pt"),
+                                           progress_bar=False))
+    assert len(gpu_in_use["restored"]) == 1 and torch.equal(gpu_in_use["restored"][0], gpu_in_use["state"])
 
 
 def test_resume_after_kill_9_past_the_checkpoint_never_logs_a_step_twice(tmp_path):
