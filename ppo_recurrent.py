@@ -1056,15 +1056,21 @@ def pick_device(name: str, flag: str) -> torch.device:
 
 def start_run(args: Args) -> tuple[Args, int, dict | None, torch.device, tuple[int, int]]:
     """What comes before any env: torchrun's process group, the checkpoint to resume (whose flags then replace
-    these), the flags checked, the devices, the seed and the threads. Returns the flags, this process's rank, the
-    checkpoint (or None), the policy's device and the (rollout, update) thread counts."""
+    these, but for the devices where given), the flags checked, the devices, the seed and the threads. Returns the
+    flags, this process's rank, the checkpoint (or None), the policy's device and the (rollout, update) threads."""
     rank = init_distributed(args)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume else None
     if checkpoint is not None:
         if "torch_rng" not in checkpoint:  # written before checkpoints were one dict of stateful objects
             raise UsageError(f"--resume {args.resume}: a checkpoint of an older version of this script, which cannot "
                              "be continued; it still evaluates (--eval-checkpoint), or start a new run")
-        args = dataclasses.replace(args_from_checkpoint(checkpoint), resume=args.resume)
+        resumed = args_from_checkpoint(checkpoint)
+        # Where the run goes on is the command line's to say when it says so (a GPU run resumed on a CPU machine);
+        # everything else is the checkpoint's.
+        where = {name: getattr(args, name) for name in ("cuda", "policy_device", "sim_device")}
+        if any(value != getattr(Args, name) for name, value in where.items()):
+            resumed = dataclasses.replace(resumed, **where)
+        args = dataclasses.replace(resumed, resume=args.resume)
     args = resolve_args(args)
     policy_device = pick_device(args.policy_device, "--policy-device")
     pick_device(args.sim_device, "--sim-device")

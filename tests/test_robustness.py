@@ -363,6 +363,24 @@ def test_resume_restores_the_gpus_random_stream_as_well_as_the_cpus(script, in_t
     assert len(gpu_in_use["restored"]) == 1 and torch.equal(gpu_in_use["restored"][0], gpu_in_use["state"])
 
 
+def test_a_gpu_runs_checkpoint_goes_on_on_a_cpu_machine_when_the_command_line_says_so(script, in_tmp, monkeypatch):
+    """Bug: --resume took the devices from the checkpoint with the other flags, so a run trained with --cuda could
+    not go on on a machine without a GPU: --policy-device cpu, which the error advised, was ignored."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a machine with a GPU
+    args = script.args(checkpoint_interval=1)
+    args.total_timesteps = 2 * args.num_envs * args.num_steps
+    straight = script.module.train(args)
+    checkpoint = torch.load(os.path.join(straight["run_dir"], "checkpoint_000001.pt"), weights_only=True)
+    checkpoint["args"].update(cuda=True, policy_device="cuda", sim_device="cuda")  # as a GPU run saves them
+    from_gpu = os.path.join(straight["run_dir"], "from_gpu.pt")
+    torch.save(checkpoint, from_gpu)
+    with pytest.raises(script.module.UsageError, match="no CUDA GPU; use --policy-device cpu"):
+        script.module.train(script.module.Args(resume=from_gpu, progress_bar=False))
+    resumed = script.module.train(script.module.Args(resume=from_gpu, policy_device="cpu", sim_device="cpu",
+                                                     progress_bar=False))
+    assert resumed["iteration"] == 2 and resumed["global_step"] == straight["global_step"]
+
+
 def test_resume_after_kill_9_past_the_checkpoint_never_logs_a_step_twice(tmp_path):
     """Bug: after a crash (kill -9) past the last checkpoint, resuming logs those iterations again and the
     TensorBoard steps go backwards."""
