@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -339,6 +340,9 @@ def test_resume_continues_the_tensorboard_record_without_repeating_a_step(script
     args = script.args(checkpoint_interval=2)
     args.total_timesteps = 4 * args.num_envs * args.num_steps  # checkpoints after iterations 2 and 4
     straight = script.module.train(args)
+    # TensorBoard reads a directory's event files in name order, and a name is the second it was opened and a
+    # counter of this process's writers: in the same second, writer 10's file would be read before writer 9's.
+    time.sleep(1.01 - time.time() % 1)
     # As after a crash (kill -9) past iteration 2: iterations 3 and 4 are logged but the checkpoint is the 2nd.
     script.module.train(script.module.Args(resume=os.path.join(straight["run_dir"], "checkpoint_000002.pt"),
                                            progress_bar=False))
