@@ -259,7 +259,13 @@ class GenesisVecEnv(gym.vector.VectorEnv):
         self.robot.set_dofs_velocity(state["dofs_velocity"].to(gs.device))
         for name in ("episode_step", *self.STATE):
             getattr(self, name).copy_(state[name])
-        self.generator.set_state(state["generator"])
+        saved = state["generator"]
+        if saved.numel() == self.generator.get_state().numel():
+            self.generator.set_state(saved)
+        else:  # another kind of device's generator (a GPU run resumed on the CPU): its stream cannot go on here
+            self.generator.manual_seed(int(saved.long().sum()) + len(saved))  # the same seed on every such resume
+            print(f"[envs] the saved random state is a {'GPU' if len(saved) < 64 else 'CPU'} generator's: the "
+                  "task's draws go on from a seed made of it")
         self._last_obs = state["last_obs"].to(gs.device)
         if "last_critic_obs" in state:
             self._last_critic_obs = state["last_critic_obs"].to(gs.device)

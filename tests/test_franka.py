@@ -237,3 +237,17 @@ def test_torch_compile_can_build_after_a_genesis_scene():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                             timeout=SLOW_MACHINE_S)
     assert result.returncode == 0 and "built" in result.stdout, result.stderr[-2000:]
+
+
+def test_a_state_saved_on_another_kind_of_device_loads_and_goes_on_the_same_way_each_time(batch, capsys):
+    """Bug: a GPU run's env state resumed on the CPU (or the reverse) raised mid-resume: a CUDA generator's state
+    (16 bytes) does not fit a CPU generator (5056), so the task's random draws could not be restored."""
+    batch.reset(seed=3)
+    state = batch.state_dict()
+    state["generator"] = torch.tensor([42, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0], dtype=torch.uint8)
+    draws = []
+    for _ in range(2):
+        batch.load_state_dict(state)
+        draws.append(batch._uniform(3, torch.zeros(2), torch.ones(2)))
+    torch.testing.assert_close(draws[0], draws[1])  # a resume repeats itself
+    assert "GPU generator's" in capsys.readouterr().out
