@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
+from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 
 import envs
@@ -1204,9 +1205,12 @@ def write_logs(writer, wandb_run, metrics: dict, finished: list[list[float]], gl
     `metrics` (the run's history)."""
     for key, value in metrics.items() if writer is not None else ():
         writer.add_scalar(key, value, global_step)
-    for episode_return, episode_length in zip(*finished) if writer is not None else ():
-        writer.add_scalar("charts/episodic_return", episode_return, global_step)
-        writer.add_scalar("charts/episodic_length", episode_length, global_step)
+    if writer is not None and finished[0]:
+        # The iteration's episodes in one event: an add_scalar each (30 us) made 80 ms of the 1400 episodes that
+        # 4096 robots falling every 70 steps end in an iteration.
+        points = [Summary.Value(tag="charts/episodic_return", simple_value=value) for value in finished[0]]
+        points += [Summary.Value(tag="charts/episodic_length", simple_value=value) for value in finished[1]]
+        writer.file_writer.add_summary(Summary(value=points), global_step)
     if finished[0]:
         metrics["charts/episodic_return"], metrics["charts/episodic_length"] = map(np.mean, finished)
     if wandb_run is not None:

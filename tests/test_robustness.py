@@ -335,6 +335,26 @@ def scalar_steps(run_dir: str) -> dict[str, list[int]]:
     return {tag: [event.step for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+def test_each_ended_episode_is_one_tensorboard_point_with_its_return_and_length(script, in_tmp, monkeypatch):
+    """Bugs: an iteration's ended episodes written as their mean, some dropped, or returns paired with the wrong
+    lengths or steps (they go out as one event per iteration, for speed)."""
+    written, write_logs = [], script.module.write_logs
+
+    def recording(writer, wandb_run, metrics, finished, global_step):
+        written.append((global_step, list(finished[0]), list(finished[1])))
+        write_logs(writer, wandb_run, metrics, finished, global_step)
+
+    monkeypatch.setattr(script.module, "write_logs", recording)
+    args = script.args(env_kwargs={"max_episode_steps": 20})
+    summary = script.module.train(args)
+    events = EventAccumulator(summary["run_dir"], size_guidance={"scalars": 0})
+    events.Reload()
+    for tag, column in (("charts/episodic_return", 1), ("charts/episodic_length", 2)):
+        logged = [(event.step, event.value) for event in events.Scalars(tag)]
+        expected = [(row[0], pytest.approx(value)) for row in written for value in row[column]]
+        assert len(logged) > args.num_envs and logged == expected, tag
+
+
 def test_resume_continues_the_tensorboard_record_without_repeating_a_step(script, in_tmp):
     """Bug: the iterations logged after the checkpoint logged again on resume (steps going backwards)."""
     args = script.args(checkpoint_interval=2)
