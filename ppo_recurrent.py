@@ -1347,42 +1347,68 @@ class RolloutReports:
     def __init__(self, num_steps: int, num_envs: int, device: torch.device):
         buf = lambda dtype=torch.float32: torch.zeros((num_steps, num_envs), dtype=dtype, device=device)  # noqa: E731
         self.returns, self.lengths, self.ended, self.success = buf(), buf(), buf(torch.bool), buf(torch.bool)
+        self.sim_errors = buf(torch.bool)
         self.num_steps, self.device = num_steps, device
         self.has_success = False  # tasks with a success criterion report it in info["success"] (logged as a rate)
 
     def start(self) -> None:
-        self.reward_term_sums, self.metric_sums, self.metric_counts = {}, {}, {}
-        self.sim_errors = torch.zeros((), device=self.device)
+        self.metric_steps, self.term_steps = [], []  # per step: (names, their values stacked)
 
     def record(self, step: int, info: dict) -> None:
+        """Copies the step's reports; they are reduced once a rollout (`merged`): on a GPU each op is a kernel
+        launch, and reducing every metric and reward term every step made half the ops of a rollout step of ours."""
         episode = info["episode"]
         self.returns[step], self.lengths[step], self.ended[step] = episode["r"], episode["l"], episode["mask"]
+        self.sim_errors[step] = info["sim_errors"]
         if "success" in info:
             self.has_success, self.success[step] = True, info["success"]
-        for name, value in info.get("episode_metrics", {}).items():
-            counted = episode["mask"] & ~value.isnan()  # NaN: a metric that does not apply to that episode
-            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + torch.where(counted, value, 0.0).sum()
-            self.metric_counts[name] = self.metric_counts.get(name, 0) + counted.sum()
-        for name, term in info.get("reward_terms", {}).items():
-            self.reward_term_sums[name] = self.reward_term_sums.get(name, 0.0) + term.mean()
-        self.sim_errors += info["sim_errors"].sum()
+        for reported, steps in ((info.get("episode_metrics"), self.metric_steps),
+                                (info.get("reward_terms"), self.term_steps)):
+            if reported:
+                steps.append((step, tuple(reported), torch.stack(list(reported.values()))))
+
+    def reduced(self) -> tuple[dict, dict, dict]:
+        """Per episode metric its sum and count over the episodes that ended with it (NaN: a metric that does not
+        apply to that episode), and per reward term its sum over the steps of its per-step means over the envs.
+        The steps that reported the same names (all of them, for a task's constant names) are reduced together."""
+        metric_sums, metric_counts, term_sums = {}, {}, {}
+        for names, steps, values in self.grouped(self.metric_steps):
+            counted = torch.stack([self.ended[step] for step in steps])[:, None] & ~values.isnan()
+            for name, total, count in zip(names, torch.where(counted, values, 0.0).sum((0, 2)), counted.sum((0, 2))):
+                metric_sums[name] = metric_sums.get(name, 0.0) + total
+                metric_counts[name] = metric_counts.get(name, 0) + count
+        for names, _, values in self.grouped(self.term_steps):
+            for name, total in zip(names, values.mean(-1).sum(0)):
+                term_sums[name] = term_sums.get(name, 0.0) + total
+        return metric_sums, metric_counts, term_sums
+
+    @staticmethod
+    def grouped(reports: list) -> list:
+        """[(names, steps, their values stacked: (steps, names, envs))] from record's (step, names, values)."""
+        groups = {}
+        for step, names, values in reports:
+            steps, stacked = groups.setdefault(names, ([], []))
+            steps.append(step)
+            stacked.append(values)
+        return [(names, steps, torch.stack(stacked)) for names, (steps, stacked) in groups.items()]
 
     def merged(self, stop_signum):
         """The rollout's reports of every process (torchrun) as scalars to log, the ended episodes' returns and
         lengths, and the first stop signal any process received (a signal may reach them at different steps)."""
+        metric_sums, metric_counts, term_sums = self.reduced()
         merged = merge_processes({
             "episodes/r": self.returns[self.ended], "episodes/l": self.lengths[self.ended],
             **({"episodes/success": self.success[self.ended]} if self.has_success else {}),
-            **{f"episode_metrics/{k}": v for k, v in self.metric_sums.items()},
-            **{f"episode_metric_counts/{k}": v for k, v in self.metric_counts.items()},
-            **{f"reward_terms/{k}": v / self.num_steps for k, v in self.reward_term_sums.items()},
-            "env/sim_errors": self.sim_errors, "stop": stop_signum,
+            **{f"episode_metrics/{k}": v for k, v in metric_sums.items()},
+            **{f"episode_metric_counts/{k}": v for k, v in metric_counts.items()},
+            **{f"reward_terms/{k}": v / self.num_steps for k, v in term_sums.items()},
+            "env/sim_errors": self.sim_errors.sum().float(), "stop": stop_signum,
         })
         stop_signum = merged.pop("stop")
         ended_returns, ended_lengths = merged.pop("episodes/r"), merged.pop("episodes/l")
         if self.has_success:
             merged["charts/success_rate"] = merged.pop("episodes/success").float().mean()
-        for name in self.metric_sums:  # each metric's mean over the episodes it applies to (NaN if none)
+        for name in metric_sums:  # each metric's mean over the episodes it applies to (NaN if none)
             merged[f"episode_metrics/{name}"] = merged[f"episode_metrics/{name}"] / merged.pop(
                 f"episode_metric_counts/{name}")
         return merged, ended_returns, ended_lengths, stop_signum

@@ -419,7 +419,8 @@ class ScriptedEnv:
     Records every action received and every (final) observation, reward and flag given. With `critic`, a critic
     observation of the same size that no policy observation equals: (3 - 0.01 x[0], x[1] + 5) of each (final)
     observation x. With `metrics`, info["episode_metrics"] holds `env_index` (the env's number), `on_even_envs`
-    (the same, NaN on odd envs: a metric that does not apply to their episodes) and `on_no_env` (NaN everywhere).
+    (the same, NaN on odd envs: a metric that does not apply to their episodes) and `on_no_env` (NaN everywhere),
+    and info["reward_terms"] splits the reward into `from_obs` and `from_action` (the rest).
     """
 
     def __init__(self, num_envs: int, ends: torch.Tensor, device="cpu", action_bound: float = 0.5,
@@ -454,6 +455,7 @@ class ScriptedEnv:
         action = torch.as_tensor(action, dtype=torch.float32)
         self.received.append(action.clone())
         reward = self.obs[:, 1] + action[:, 0] + 0.01 * self.k
+        terms = {"from_obs": self.obs[:, 1].clone(), "from_action": reward - self.obs[:, 1]}
         ends = self.ends[self.k]
         terminated, truncated = ends == 1, ends == 2
         self.t += 1
@@ -476,6 +478,7 @@ class ScriptedEnv:
             info["episode_metrics"] = {"env_index": torch.where(ended, env, 0.0),
                                        "on_even_envs": torch.where(ended & (env % 2 == 0), env, nan),
                                        "on_no_env": torch.full((self.num_envs,), float("nan"))}
+            info["reward_terms"] = terms
         return self.obs.clone(), reward, terminated, truncated, info
 
     def state_dict(self):

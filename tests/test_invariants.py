@@ -790,14 +790,22 @@ def test_genesis_arm_trains_logs_success_and_reward_terms_and_evaluates(variant,
 
 def test_a_task_metric_is_averaged_over_the_episodes_it_applies_to(variant, monkeypatch, in_tmp):
     """Bugs: a NaN task metric (one that does not apply to an episode, as another terrain type's level) poisoning
-    the logged mean or counted as 0, and a metric no ended episode had logged as NaN."""
+    the logged mean or counted as 0, a metric no ended episode had logged as NaN, and a reward term logged as
+    anything but its mean over the iteration's steps and envs (they are reduced once per rollout)."""
     ends = episode_schedule(4096, 9, 16)  # training steps 3 envs, evaluation 9
-    use_scripted_env(monkeypatch, variant.module, ends, metrics=True)
+    made = use_scripted_env(monkeypatch, variant.module, ends, metrics=True)
     args = variant.args(**LOOP_OVERRIDES[variant.name])
     summary = variant.module.train(args)
     history = summary["history"]
     assert len(history) == 3
+    training = made[0]
+    rewards = torch.stack(training.rewards).double()
+    acted_on = torch.stack([training.first_obs, *training.obs_log])[:-1, :, 1].double()  # from_obs, step by step
     for iteration, h in enumerate(history):
+        steps = slice(iteration * 16, (iteration + 1) * 16)
+        assert h["reward_terms/from_obs"] == pytest.approx(float(acted_on[steps].mean()), rel=1e-5, abs=1e-6)
+        assert h["reward_terms/from_obs"] + h["reward_terms/from_action"] == pytest.approx(
+            float(rewards[steps].mean()), rel=1e-5, abs=1e-6)
         episodes = (ends[iteration * 16:(iteration + 1) * 16, :3] > 0).sum(0).double()  # ended per env
         env = torch.arange(3, dtype=torch.float64)
         assert h["episode_metrics/env_index"] == pytest.approx(float((env * episodes).sum() / episodes.sum()))
