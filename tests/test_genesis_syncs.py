@@ -36,7 +36,8 @@ class EnvsSyncs(TorchDispatchMode):
         syncs = name in FROM_PYTHON or name == INDICES or (
             name in HOST_READS and not (isinstance(args[0], torch.Tensor) and args[0].data_ptr() in self.host_ptrs))
         if syncs:
-            caller = [frame for frame in traceback.extract_stack()[:-1] if f"{os.sep}torch{os.sep}" not in frame.filename]
+            torch_dir = f"{os.sep}torch{os.sep}"
+            caller = [frame for frame in traceback.extract_stack()[:-1] if torch_dir not in frame.filename]
             if caller and caller[-1].filename.startswith(ENVS_DIR):
                 self.counts[(name, f"{os.path.basename(caller[-1].filename)}:{caller[-1].lineno}")] += 1
         return func(*args, **(kwargs or {}))
