@@ -9,9 +9,10 @@ rollout waits on the GPU.
 alone, the GPU synchronised around each timed stretch so that queued work is counted.
 
 `syncs`: each script trains a few iterations on CUDA with `torch.cuda.set_sync_debug_mode("warn")`, once with
---num-steps S and once with 2S; every warning is counted by the script line that raised it. A line whose count
-doubles with the steps synchronises once per rollout step (the design forbids it: docs/design.md); lines that
-stay the same run once per iteration (logging, the update's early stop).
+--num-steps S and once with 2S; every warning is counted by the innermost line of this project's code (a script's
+or envs/) that led to it. A line whose count doubles with the steps synchronises once per rollout step (the design
+forbids it in the scripts, and allows envs/ only its resets' nonzeros: docs/design.md); lines that stay the same
+run once per iteration (logging, the update's early stop).
 """
 
 from __future__ import annotations
