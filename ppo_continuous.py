@@ -1158,12 +1158,11 @@ class RolloutReports:
     def __init__(self, num_steps: int, num_envs: int, device: torch.device):
         buf = lambda dtype=torch.float32: torch.zeros((num_steps, num_envs), dtype=dtype, device=device)  # noqa: E731
         self.returns, self.lengths, self.ended, self.success = buf(), buf(), buf(torch.bool), buf(torch.bool)
-        self.sim_errors = buf(torch.bool)
-        self.num_steps, self.device = num_steps, device
+        self.sim_errors, self.num_steps = buf(torch.bool), num_steps
         self.has_success = False  # tasks with a success criterion report it in info["success"] (logged as a rate)
 
     def start(self) -> None:
-        self.metric_steps, self.term_steps = [], []  # per step: (names, their values stacked)
+        self.metric_steps, self.term_steps = [], []  # per step that reported them: (step, names, values stacked)
 
     def record(self, step: int, info: dict) -> None:
         """Copies the step's reports; they are reduced once a rollout (`merged`): on a GPU each op is a kernel
