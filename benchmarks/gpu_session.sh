@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 51's GPU checks as one command, cheapest first; benchmarks/results/gpu.md says what each has measured so far.
 #
-#   bash benchmarks/gpu_session.sh [STEP ...]      steps: sim syncs go2 memory compile pick torchrun (default: all)
+#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 memory compile pick torchrun profile (default: all)
 #
 # Run it from the repository root on a CUDA machine with the project's packages importable. Each step is stamped
 # with the clock in $OUT/log.txt (default gpu_out/), so wall times can be read against the runs' TensorBoard events,
@@ -32,7 +32,7 @@ run() {
 steps_of() { echo $(($1 * 24 * ENVS)); }  # total steps of $1 iterations of 24 steps
 
 step_sim() {  # item 1: build and step each robot task on gs.gpu (the first build compiles the kernels)
-    local sizes="1024 4096"
+    local sizes=${SIM_SIZES:-1024 4096}
     [ $SCALE = 1 ] && sizes="4 8"
     run 400 $PY benchmarks/gpu_checks.py sim --sim-device $SIM_DEVICE --num-envs $sizes \
         --env-ids Go2Walk-v0 FrankaReach-v0 FrankaPickCube-v0 Go2Rough-v0
@@ -43,8 +43,9 @@ step_syncs() {  # item 2: host syncs per rollout step, by line, in each script (
     run 200 $PY benchmarks/gpu_checks.py syncs --env-id Go2Walk-v0 --num-envs $ENVS
 }
 
-step_go2() {  # item 3: Genesis's example settings, 100 iterations, evaluated every 10 (time to the flat bar)
-    run 300 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS --hidden-sizes 512 256 128 \
+step_go2() {  # item 3: Genesis's example settings, 100 iterations, evaluated every 10 (time to the flat bar);
+    # the limit leaves room for a fresh machine's kernel compile (about 2 minutes)
+    run 420 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS --hidden-sizes 512 256 128 \
         --total-timesteps $(steps_of $ITERATIONS) --eval-interval $((ITERATIONS / 10 > 0 ? ITERATIONS / 10 : 1)) \
         --eval-episodes $EPISODES --exp-name gpu_genesis_example $QUIET
 }
@@ -84,12 +85,21 @@ step_torchrun() {  # item 7: two processes sharing one GPU (gloo), half the envs
         --eval-interval 0 --exp-name gpu_torchrun $QUIET
 }
 
+step_profile() {  # items 2 and 3: where a Go2 iteration's time goes (cProfile, 10 iterations; the start included)
+    run 200 $PY -c "import cProfile, sys; import ppo_continuous; sys.argv[0] = 'ppo_continuous.py'
+cProfile.run('ppo_continuous.cli()', sys.argv.pop(1))" "$OUT/go2.prof" --env-id Go2Walk-v0 $DEVICE \
+        --num-envs $ENVS --hidden-sizes 512 256 128 --total-timesteps $(steps_of 10) --eval-interval 0 \
+        --exp-name gpu_profile $QUIET
+    $PY -c "import pstats, sys; s = pstats.Stats(sys.argv[1], stream=sys.stdout); s.sort_stats('tottime').print_stats(50)
+s.sort_stats('cumulative').print_stats(80)" "$OUT/go2.prof" >"$OUT/go2_profile.txt" 2>&1
+}
+
 stamp start
 if [ $SCALE = 0 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$LOG"
 fi
 $PY -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" 2>&1 | tee -a "$LOG"
-for step in ${@:-sim syncs go2 memory compile pick torchrun}; do
+for step in ${@:-sim syncs go2 memory compile pick torchrun profile}; do
     stamp "$step"
     "step_$step" || echo "$step: exit $?" | tee -a "$LOG"
     tar czf "$OUT/runs.tgz" --exclude='*.pt' runs/*__gpu_* runs/*__syncs__* 2>/dev/null
