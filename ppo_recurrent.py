@@ -38,6 +38,11 @@ from torch.utils.tensorboard import SummaryWriter
 import envs
 from envs.video import EpisodeRecorder
 
+# On a GPU, cuDNN's GRU and LSTM compute float32 as TF32 unless this is off (PyTorch leaves it on; its matmuls do
+# full float32): a policy trained or evaluated there would not be the network that a CPU, the exported ONNX file
+# or a robot runs (benchmarks/results/gpu.md: the same checkpoint's evaluation differed between the devices).
+torch.backends.cudnn.allow_tf32 = False
+
 
 @dataclass
 class Args:

@@ -3,13 +3,15 @@ hidden states, state zeroed at episode starts, the bootstrap does not advance it
 The invariants shared with the other scripts are tested on all three in test_invariants.py."""
 
 import copy
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 import ppo_recurrent as ppo
-from conftest import run_cli, script_named, spaces
+from conftest import REPO, run_cli, script_named, spaces
 
 SCRIPT = script_named("ppo_recurrent")
 TRUNKS = [("gru", True, 1), ("gru", False, 2), ("lstm", True, 2), ("lstm", False, 1)]
@@ -217,6 +219,16 @@ def test_evaluation_resets_the_hidden_state_at_episode_starts(in_tmp, monkeypatc
 
 
 # ---------------------------------------------------------------- the command line
+def test_cudnn_rnns_keep_full_float32_so_a_gpu_trained_policy_is_the_network_deployed():
+    """cuDNN computes a float32 GRU or LSTM as TF32 unless `torch.backends.cudnn.allow_tf32` is off, which PyTorch
+    leaves on: the same checkpoint evaluated on a GPU and on the CPU gave different returns (benchmarks/results/gpu.md).
+    Importing the script turns it off, for training, evaluation and export alike (a fresh interpreter: the default)."""
+    code = "import torch; before = torch.backends.cudnn.allow_tf32; import ppo_recurrent; " \
+           "print(before, torch.backends.cudnn.allow_tf32)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.split() == ["True", "False"]
+
+
 def test_help_lists_the_recurrent_flags(tmp_path):
     result = run_cli("ppo_recurrent", "--help", cwd=tmp_path)
     assert result.returncode == 0
