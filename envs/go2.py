@@ -160,6 +160,7 @@ class Go2WalkVecEnv(GenesisVecEnv):
 
         sim = gs.device
         self.motor_dofs = torch.tensor([self.robot.get_joint(name).dof_start for name in JOINT_NAMES], device=sim)
+        self.motor_qs = torch.tensor([self.robot.get_joint(name).q_idx_local for name in JOINT_NAMES], device=sim)
         self.feet = torch.tensor([self.robot.get_link(name).idx_local for name in FEET], device=sim)
         self.base_link = self.robot.get_link("base").idx_local
         # The critic's observation: every block, velocities included whatever the policy's hides, which feet
@@ -223,7 +224,8 @@ class Go2WalkVecEnv(GenesisVecEnv):
     # ------------------------------------------------------------------ the task's hooks
     def _reset_envs(self, envs_idx: torch.Tensor) -> None:
         """New episode: standing in the default pose at the start position, at rest, with a fresh command."""
-        self.robot.set_qpos(self._initial_qpos(envs_idx), envs_idx=envs_idx, zero_velocity=True)
+        self.start_qpos = self._initial_qpos(envs_idx)  # kept for _read_started_state
+        self.robot.set_qpos(self.start_qpos, envs_idx=envs_idx, zero_velocity=True)
         self.commands[envs_idx] = self._uniform(len(envs_idx), self.command_low, self.command_high)
         for zeroed in (self.last_action, self.lin_vel_error_sum, self.ang_vel_error_sum):
             zeroed.index_fill_(0, envs_idx, 0.0)  # not `x[envs_idx] = 0.0`: a host-to-device copy on a GPU
@@ -261,16 +263,33 @@ class Go2WalkVecEnv(GenesisVecEnv):
                 self.robot.set_dofs_velocity(push * self.max_push_velocity, dofs_idx_local=[0, 1])
 
     def _read_state(self) -> None:
-        self.base_pos = self.robot.get_pos()
+        # Two whole-robot reads and slices of them instead of a getter per quantity (each a handful of small ops,
+        # kernels on a GPU): the free joint's position and quaternion lead the joint positions, its linear velocity
+        # (world frame) and angular velocity (body frame) lead the joint velocities.
+        qpos, dofs_vel = self.robot.get_qpos(), self.robot.get_dofs_velocity()
+        self.base_pos = qpos[:, :3]
         self.base_height = self.base_pos[:, 2] - self._ground_height(self.base_pos[:, :2])
-        self.base_quat = self.robot.get_quat()
-        to_body = self._inv_quat(self.base_quat)
-        self.base_lin_vel = self._transform_by_quat(self.robot.get_vel(), to_body)
-        self.base_ang_vel = self._transform_by_quat(self.robot.get_ang(), to_body)
-        self.projected_gravity = self._transform_by_quat(self.gravity, to_body)
-        self.dof_pos = self.robot.get_dofs_position(self.motor_dofs)
-        self.dof_vel = self.robot.get_dofs_velocity(self.motor_dofs)
+        self.base_quat = self.robot.get_quat()  # the base link's, as forward kinematics normalised it
+        world = torch.stack((dofs_vel[:, :3], self.gravity), dim=1)  # rotated into the body frame in one go
+        self.base_lin_vel, self.projected_gravity = self._transform_by_quat(
+            world, self._inv_quat(self.base_quat)[:, None]).unbind(1)
+        self.base_ang_vel = dofs_vel[:, 3:6]
+        self.dof_pos = qpos[:, self.motor_qs]
+        self.dof_vel = dofs_vel[:, self.motor_dofs]
         self.link_forces = self.robot.get_links_net_contact_force().norm(dim=-1)  # (envs, links), N
+
+    def _read_started_state(self, envs_idx: torch.Tensor) -> None:
+        """New episodes start in the pose `_reset_envs` set, at rest and without contacts (Genesis clears them with
+        the pose): written into the state read after the physics, the same values a second read would give."""
+        qpos = self.start_qpos
+        self.base_pos = self.base_pos.index_copy(0, envs_idx, qpos[:, :3])
+        self.base_height = self.base_pos[:, 2] - self._ground_height(self.base_pos[:, :2])
+        self.base_quat = self.base_quat.index_copy(0, envs_idx, qpos[:, 3:7])
+        gravity = self._transform_by_quat(self.gravity[: len(envs_idx)], self._inv_quat(qpos[:, 3:7]))
+        self.projected_gravity = self.projected_gravity.index_copy(0, envs_idx, gravity)
+        self.dof_pos = self.dof_pos.index_copy(0, envs_idx, qpos[:, self.motor_qs])
+        for name in ("base_lin_vel", "base_ang_vel", "dof_vel", "link_forces"):
+            setattr(self, name, getattr(self, name).index_fill(0, envs_idx, 0.0))
 
     def _observe(self) -> torch.Tensor:
         blocks = self._observation_blocks()

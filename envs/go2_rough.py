@@ -171,6 +171,13 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
     # ------------------------------------------------------------------ observation, termination, metrics
     def _read_state(self) -> None:
         super()._read_state()
+        self._read_ground_under_scan()
+
+    def _read_started_state(self, envs_idx: torch.Tensor) -> None:
+        super()._read_started_state(envs_idx)
+        self._read_ground_under_scan()
+
+    def _read_ground_under_scan(self) -> None:
         points = scan_points_world(self.base_pos[:, :2], yaw_of(self.base_quat), self.scan_local)
         self.ground_under_scan = self.height_field.height_at(points)  # (envs, points)
 

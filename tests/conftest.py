@@ -141,6 +141,23 @@ def check_resume(vec, make_other, later_actions, atol: float) -> None:
         other.close()
 
 
+def check_started_state_is_what_a_read_gives(vec, names: tuple[str, ...], actions) -> None:
+    """Steps `actions`, then one more with the first half of the envs at their episode's last step, and checks that
+    the state the task keeps for them after their new episodes started (`_read_started_state`, which may write in
+    what it knows instead of reading) is what reading the simulator again gives, for every attribute in `names`."""
+    vec.reset(seed=1)
+    for action in actions[:-1]:
+        vec.step(action)
+    half = vec.num_envs // 2
+    vec.episode_step[:half] = vec.max_episode_steps - 1
+    _, _, terminated, truncated, _ = vec.step(actions[-1])
+    assert (terminated | truncated)[:half].all()
+    kept = {name: getattr(vec, name).clone() for name in names}
+    vec._read_state()
+    for name in names:
+        torch.testing.assert_close(kept[name], getattr(vec, name), atol=1e-5, rtol=1e-5, msg=name)
+
+
 def check_seeding(runs, actions, atol: float) -> None:
     """`runs`: three (env, seed) pairs, the first two alike; the observations after resetting each with its seed and
     stepping `actions` must agree for the first two (to `atol`) and differ for the third."""
