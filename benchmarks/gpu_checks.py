@@ -3,10 +3,16 @@ rollout waits on the GPU.
 
     python benchmarks/gpu_checks.py sim --env-ids Go2Walk-v0 FrankaReach-v0 --num-envs 1024 4096
     python benchmarks/gpu_checks.py syncs --env-id Go2Walk-v0 --num-envs 4096
+    python benchmarks/gpu_checks.py busy --env-id Go2Walk-v0 --num-envs 4096 --trace go2_trace.json
 
 `sim`: each task built on `gs.gpu` with its tensors on CUDA, stepped with random actions: the first build's time
 (kernel compile included when the cache is cold), then env-steps/s through `envs/` and of the scene's own steps
 alone, the GPU synchronised around each timed stretch so that queued work is counted.
+
+`busy`: a script's third iteration traced with torch.profiler: the GPU's kernel time (all kernels, Genesis's too)
+against the wall time of the second, untraced iteration (the same work): near 100% the GPU is the limit, far below
+it the host is (Python and kernel launches), which decides what to make faster; the ops by GPU time, and a Chrome
+trace if asked for.
 
 `syncs`: each script trains a few iterations on CUDA with `torch.cuda.set_sync_debug_mode("warn")`, once with
 --num-steps S and once with 2S; every warning is counted by the innermost line of this project's code (a script's
@@ -61,6 +67,28 @@ class Syncs:
     """rollout length of the first run (the second takes twice as many)"""
     iterations: int = 2
     """iterations per run"""
+
+
+@dataclass
+class Busy:
+    script: str = "ppo_continuous"
+    """the script to trace"""
+    env_id: str = "Go2Walk-v0"
+    """the task to train on"""
+    num_envs: int = 4096
+    """envs of the run"""
+    hidden_sizes: list[int] = field(default_factory=lambda: [512, 256, 128])
+    """the networks' hidden layers (Genesis's Go2 example's)"""
+    num_steps: int = 0
+    """rollout steps per env (0: the task's preset)"""
+    update_epochs: int = 0
+    """epochs per update (0: the task's preset)"""
+    num_minibatches: int = 0
+    """minibatches per epoch (0: the task's preset)"""
+    rows: int = 30
+    """ops listed, by GPU time (by CPU time without a GPU)"""
+    trace: str = ""
+    """a Chrome trace of the traced iteration to write (empty: none)"""
 
 
 def synchronize() -> None:
@@ -131,6 +159,44 @@ def sync_counts(module, args: Syncs, num_steps: int) -> collections.Counter:
     return counts
 
 
+def busy(args: Busy) -> dict:
+    """Trains three iterations, tracing the third; prints and returns the second's wall time, the third's (slower:
+    the profiler's own cost) and the GPU's kernel time and count in the third."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    module = importlib.import_module(args.script)
+    cuda = torch.cuda.is_available()
+    run_args = module.task_args(
+        args.env_id, num_envs=args.num_envs, cuda=cuda, progress_bar=False, eval_interval=0, checkpoint_interval=1000,
+        hidden_sizes=tuple(args.hidden_sizes), exp_name="busy", **{name: getattr(args, name) for name in (
+            "num_steps", "update_epochs", "num_minibatches") if getattr(args, name)})
+    run_args.total_timesteps = 3 * run_args.num_steps * args.num_envs
+    ends = []
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=1, repeat=1)) as prof:
+
+        def iteration_done(metrics: dict) -> None:
+            synchronize()
+            ends.append(time.perf_counter())
+            prof.step()
+
+        module.train(run_args, on_iteration=iteration_done)
+    kernels = [event for event in prof.events() if event.device_type == DeviceType.CUDA]
+    report = {"untraced_s": ends[1] - ends[0], "traced_s": ends[2] - ends[1],
+              "kernel_s": sum(event.time_range.elapsed_us() for event in kernels) / 1e6, "kernels": len(kernels),
+              "traced_iterations": sum(event.name.startswith("ProfilerStep") for event in prof.events())}
+    print(f"{args.script} on {args.env_id}, {args.num_envs} envs: iteration 2 {report['untraced_s']:.3f} s "
+          f"(untraced); iteration 3 {report['traced_s']:.3f} s (traced): {report['kernels']} GPU kernels, "
+          f"{report['kernel_s']:.3f} s of GPU time, {report['kernel_s'] / report['untraced_s']:.0%} of iteration 2")
+    sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort_by, row_limit=args.rows, max_name_column_width=60))
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
+    print(json.dumps(report), flush=True)
+    return report
+
+
 def syncs(args: Syncs) -> None:
     report = {}
     for name in args.scripts:
@@ -145,5 +211,5 @@ def syncs(args: Syncs) -> None:
 
 
 if __name__ == "__main__":
-    command = tyro.extras.subcommand_cli_from_dict({"sim": Sim, "syncs": Syncs})
-    (sim if isinstance(command, Sim) else syncs)(command)
+    command = tyro.extras.subcommand_cli_from_dict({"sim": Sim, "syncs": Syncs, "busy": Busy})
+    {Sim: sim, Syncs: syncs, Busy: busy}[type(command)](command)

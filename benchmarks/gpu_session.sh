@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 51's GPU checks as one command, cheapest first; benchmarks/results/gpu.md says what each has measured so far.
 #
-#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 memory compile pick torchrun profile (default: all)
+#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 memory compile pick torchrun profile busy (default: all)
 #
 # Run it from the repository root on a CUDA machine with the project's packages importable. Each step is stamped
 # with the clock in $OUT/log.txt (default gpu_out/), so wall times can be read against the runs' TensorBoard events,
@@ -94,12 +94,19 @@ cProfile.run('ppo_continuous.cli()', sys.argv.pop(1))" "$OUT/go2.prof" --env-id 
 s.sort_stats('cumulative').print_stats(80)" "$OUT/go2.prof" >"$OUT/go2_profile.txt" 2>&1
 }
 
+step_busy() {  # items 2, 3 and 6: the GPU's share of a Go2 iteration (near 100%: the GPU limits, else the host)
+    local small=""
+    [ $SCALE = 1 ] && small="--num-steps 4 --update-epochs 1 --num-minibatches 1 --hidden-sizes 8"
+    run 200 $PY benchmarks/gpu_checks.py busy --env-id Go2Walk-v0 --num-envs $ENVS $small --trace "$OUT/go2_trace.json"
+    gzip -f "$OUT/go2_trace.json"
+}
+
 stamp start
 if [ $SCALE = 0 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$LOG"
 fi
 $PY -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" 2>&1 | tee -a "$LOG"
-for step in ${@:-sim syncs go2 memory compile pick torchrun profile}; do
+for step in ${@:-sim syncs go2 memory compile pick torchrun profile busy}; do
     stamp "$step"
     "step_$step" || echo "$step: exit $?" | tee -a "$LOG"
     tar czf "$OUT/runs.tgz" --exclude='*.pt' runs/*__gpu_* runs/*__syncs__* 2>/dev/null

@@ -396,6 +396,22 @@ def test_gpu_sync_count_names_the_project_line_of_each_sync_and_keeps_the_lines_
     assert report == {"syncs": [7, 13], "growing_with_steps": {f"{here}:{line}": [6, 12]}}
 
 
+def test_gpu_busy_check_traces_one_whole_iteration_after_an_untraced_one(tmp_path, monkeypatch, capsys):
+    """Bugs: the trace covering the run's start or more than one iteration (then the GPU's share is not an
+    iteration's), no trace written where asked for."""
+    from benchmarks import gpu_checks
+
+    monkeypatch.chdir(tmp_path)
+    trace = tmp_path / "trace.json"
+    report = gpu_checks.busy(gpu_checks.Busy(env_id="Pendulum-v1", num_envs=2, hidden_sizes=[8], num_steps=32,
+                                             update_epochs=1, num_minibatches=1, rows=3, trace=str(trace)))
+    assert report["traced_iterations"] == 1
+    steps = [event["name"] for event in json.loads(trace.read_text())["traceEvents"]
+             if str(event.get("name")).startswith("ProfilerStep")]
+    assert steps == ["ProfilerStep#2"]  # the third iteration (the profiler counts from 0)
+    assert "untraced" in capsys.readouterr().out
+
+
 def test_gpu_sim_check_times_the_scene_inside_the_same_steps_through_envs(capsys):
     """Bugs: the scene-alone rate timing something else than the scene's own steps (then it is not above the rate
     through envs/, which includes them), or a row per task and size missing."""
