@@ -161,6 +161,13 @@ class Go2WalkVecEnv(GenesisVecEnv):
         sim = gs.device
         self.motor_dofs = torch.tensor([self.robot.get_joint(name).dof_start for name in JOINT_NAMES], device=sim)
         self.motor_qs = torch.tensor([self.robot.get_joint(name).q_idx_local for name in JOINT_NAMES], device=sim)
+        # The twelve joints are one block of dofs in the URDF's order: targets sent to that block as a range, reordered
+        # from the actions' order, reach Genesis as slice writes (a list of dofs makes it write by index, each write
+        # of a constant a host-to-device copy on a GPU: two waits per step).
+        first_dof = int(self.motor_dofs.min())
+        assert sorted(self.motor_dofs.tolist()) == list(range(first_dof, first_dof + NUM_JOINTS))
+        self.joint_dofs = range(first_dof, first_dof + NUM_JOINTS)
+        self.to_dof_order = torch.argsort(self.motor_dofs)
         self.feet = torch.tensor([self.robot.get_link(name).idx_local for name in FEET], device=sim)
         self.base_link = self.robot.get_link("base").idx_local
         # The critic's observation: every block, velocities included whatever the policy's hides, which feet
@@ -254,7 +261,8 @@ class Go2WalkVecEnv(GenesisVecEnv):
         executed = self.last_action if self.simulate_action_latency else action
         self.action_rate = (action - self.last_action).square().sum(-1)
         self.last_action = action  # observed as the last action
-        self.robot.control_dofs_position(self.default_dof_pos + self.action_scale * executed, self.motor_dofs)
+        targets = self.default_dof_pos + self.action_scale * executed
+        self.robot.control_dofs_position(targets[:, self.to_dof_order], self.joint_dofs)
         if self.push_steps:
             self.steps_taken += 1
             if int(self.steps_taken) % self.push_steps == 0:  # legged_gym pushes every robot on the same step

@@ -75,3 +75,30 @@ def test_a_step_waits_for_the_gpu_only_to_find_the_envs_that_start_again(env_id,
     others = {key: count for key, count in syncs.counts.items() if key[0] != INDICES}
     assert not others, f"syncs per {steps - 1} steps by line: {others}"
     assert sum(syncs.counts.values()) == (steps - 1) * (vec.decimation + 1)
+
+
+class GenesisWrites(TorchDispatchMode):
+    """Counts Genesis's own writes by index with a value made from Python (`x[idx] = 0.0`: a host copy each)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lifted, self.indexed_writes = set(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if str(func) in FROM_PYTHON:
+            self.lifted.add(id(out))
+        elif str(func) == "aten.index_put_.default" and id(args[2]) in self.lifted:
+            self.indexed_writes += 1
+        return out
+
+
+def test_go2_joint_targets_reach_genesis_as_slice_writes():
+    """Bug: the targets sent with a list of dofs (Genesis then writes its control mode and velocity target by index,
+    each a host-to-device copy of a constant: two waits per step on a GPU) instead of the joints' block as a range."""
+    vec = envs.make("Go2Walk-v0", num_envs=4, seed=0, sim_device="cpu", stagger_episodes=False)
+    vec.reset()
+    with GenesisWrites() as writes:  # no episode ends on this step: no reset's writes
+        vec.step(torch.zeros(4, 12))
+    vec.close()
+    assert writes.indexed_writes == 0

@@ -148,6 +148,20 @@ def test_actions_act_one_step_late_as_on_the_robot(either):
     assert (moved[1, positions] - moved[0, positions]).abs().min() > 0.01  # the kick acted on the second step (kp 20: soft)
 
 
+def test_each_action_entry_drives_the_joint_it_names(batch):
+    """Bug: targets reordered wrongly on their way to the simulator (its dofs are in the URDF's order, the actions in
+    JOINT_NAMES'): a kick on one joint moves another. Envs 1-3 each kick one joint; env 0 holds the default pose."""
+    for first in range(0, 12, 3):
+        batch.reset(seed=5)
+        kick = torch.zeros(4, 12)
+        for env in (1, 2, 3):
+            kick[env, first + env - 1] = 2.0
+        batch.step(kick)
+        moved = batch.step(torch.zeros(4, 12))[0][:, block(batch, "joint_positions")]  # one step late
+        for env in (1, 2, 3):
+            assert int((moved[env] - moved[0]).abs().argmax()) == first + env - 1
+
+
 def test_final_obs_is_the_last_obs_of_the_truncated_episode(batch, long):
     """Bug: bootstrapping a time-limited episode from the reset observation (standing at the start, new command)."""
     obs, _ = batch.reset(seed=4)
