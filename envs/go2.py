@@ -216,9 +216,10 @@ class Go2WalkVecEnv(GenesisVecEnv):
         """The pose new episodes start from: the default stance at the start position."""
         return self.init_qpos.expand(len(envs_idx), -1)
 
-    def _ground_height(self, xy: torch.Tensor) -> torch.Tensor | float:
-        """The ground's height under these (x, y) points: flat ground here."""
-        return 0.0
+    def _read_ground(self) -> None:
+        """What the task reads of the ground under the base's pose (`base_pos`, `base_quat`): the base's height
+        over it, flat ground at 0 here."""
+        self.base_height = self.base_pos[:, 2]
 
     def _noise_scales(self) -> torch.Tensor:
         """legged_gym's noise per observation entry at observation_noise=1 (times each block's scale)."""
@@ -276,8 +277,8 @@ class Go2WalkVecEnv(GenesisVecEnv):
         # (world frame) and angular velocity (body frame) lead the joint velocities.
         qpos, dofs_vel = self.robot.get_qpos(), self.robot.get_dofs_velocity()
         self.base_pos = qpos[:, :3]
-        self.base_height = self.base_pos[:, 2] - self._ground_height(self.base_pos[:, :2])
         self.base_quat = self.robot.get_quat()  # the base link's, as forward kinematics normalised it
+        self._read_ground()
         world = torch.stack((dofs_vel[:, :3], self.gravity), dim=1)  # rotated into the body frame in one go
         self.base_lin_vel, self.projected_gravity = self._transform_by_quat(
             world, self._inv_quat(self.base_quat)[:, None]).unbind(1)
@@ -291,8 +292,8 @@ class Go2WalkVecEnv(GenesisVecEnv):
         the pose): written into the state read after the physics, the same values a second read would give."""
         qpos = self.start_qpos
         self.base_pos = self.base_pos.index_copy(0, envs_idx, qpos[:, :3])
-        self.base_height = self.base_pos[:, 2] - self._ground_height(self.base_pos[:, :2])
         self.base_quat = self.base_quat.index_copy(0, envs_idx, qpos[:, 3:7])
+        self._read_ground()
         gravity = self._transform_by_quat(self.gravity[: len(envs_idx)], self._inv_quat(qpos[:, 3:7]))
         self.projected_gravity = self.projected_gravity.index_copy(0, envs_idx, gravity)
         self.dof_pos = self.dof_pos.index_copy(0, envs_idx, qpos[:, self.motor_qs])

@@ -125,8 +125,9 @@ def test_registered_tasks_observe_proprioception_commands_and_the_scan(rough, bl
 
 def test_scan_reads_the_terrain_under_a_yawed_robot(monkeypatch):
     """Bugs: the scan in the world frame instead of the robot's yaw frame, read off another part of the field, or
-    observed without legged_gym's offset, clip and scale. The field is built by hand: a plane rising 0.02 m per
-    cell along x and 0.05 m along y, so every point of it has a known height and a turned scan reads others."""
+    observed without legged_gym's offset, clip and scale; the base's height (its reward term) taken over another
+    point than the one under it. The field is built by hand: a plane rising 0.02 m per cell along x and 0.05 m along
+    y, so every point of it has a known height and a turned scan reads others."""
     def plane(layout, vertical_scale, seed):
         i, j = np.meshgrid(np.arange(layout.shape[0]), np.arange(layout.shape[1]), indexing="ij")
         return ((0.02 * i + 0.05 * j) / vertical_scale).astype(np.float32)
@@ -144,6 +145,7 @@ def test_scan_reads_the_terrain_under_a_yawed_robot(monkeypatch):
         vec.robot.set_qpos(qpos, zero_velocity=True)
         vec._read_state()
         obs = vec._observe()
+        torch.testing.assert_close(vec.base_height, torch.tensor([0.35, 0.1]), atol=1e-4, rtol=1e-4)
         for env, yaw in enumerate(yaws):
             local = scan_grid(1.6, 1.0, 0.1)
             x = base[env, 0] + math.cos(yaw) * local[:, 0] - math.sin(yaw) * local[:, 1]
