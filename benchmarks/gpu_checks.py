@@ -9,10 +9,10 @@ rollout waits on the GPU.
 (kernel compile included when the cache is cold), then env-steps/s through `envs/` and of the scene's own steps
 alone, the GPU synchronised around each timed stretch so that queued work is counted.
 
-`busy`: a script's third iteration traced with torch.profiler: the GPU's kernel time (all kernels, Genesis's too)
-against the wall time of the second, untraced iteration (the same work): near 100% the GPU is the limit, far below
-it the host is (Python and kernel launches), which decides what to make faster; the ops by GPU time, and a Chrome
-trace if asked for.
+`busy`: a script's third iteration traced with torch.profiler: the GPU's kernel time (every kernel the profiler
+records; whether Genesis's own launches are among them is for the first GPU run to show) against the wall time of
+the second, untraced iteration (the same work): near 100% the GPU is the limit, far below it the host is (Python
+and kernel launches), which decides what to make faster; the ops by GPU time, and a Chrome trace if asked for.
 
 `syncs`: each script trains a few iterations on CUDA with `torch.cuda.set_sync_debug_mode("warn")`, once with
 --num-steps S and once with 2S; every warning is counted by the innermost line of this project's code (a script's

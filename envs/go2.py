@@ -165,7 +165,8 @@ class Go2WalkVecEnv(GenesisVecEnv):
         # from the actions' order, reach Genesis as slice writes (a list of dofs makes it write by index, each write
         # of a constant a host-to-device copy on a GPU: two waits per step).
         first_dof = int(self.motor_dofs.min())
-        assert sorted(self.motor_dofs.tolist()) == list(range(first_dof, first_dof + NUM_JOINTS))
+        assert sorted(self.motor_dofs.tolist()) == list(range(first_dof, first_dof + NUM_JOINTS)), \
+            "the Go2's joints are not one block of dofs in this URDF: send the targets by index (self.motor_dofs)"
         self.joint_dofs = range(first_dof, first_dof + NUM_JOINTS)
         self.to_dof_order = torch.argsort(self.motor_dofs)
         self.feet = torch.tensor([self.robot.get_link(name).idx_local for name in FEET], device=sim)
