@@ -82,12 +82,13 @@ class GenesisWrites(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.lifted, self.indexed_writes = set(), 0
+        self.lifted, self.kept, self.indexed_writes = set(), [], 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if str(func) in FROM_PYTHON:
             self.lifted.add(id(out))
+            self.kept.append(out)  # alive, so that no later tensor takes its id
         elif str(func) == "aten.index_put_.default" and id(args[2]) in self.lifted:
             self.indexed_writes += 1
         return out
