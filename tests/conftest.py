@@ -141,6 +141,11 @@ def check_resume(vec, make_other, later_actions, atol: float) -> None:
         other.close()
 
 
+# What the Go2 tasks read of the simulator each step (`_read_state`), the rough task adding the ground under its scan
+GO2_STATE_READ = ("base_pos", "base_height", "base_quat", "base_lin_vel", "base_ang_vel", "projected_gravity",
+                  "dof_pos", "dof_vel", "link_forces")
+
+
 def check_started_state_is_what_a_read_gives(vec, names: tuple[str, ...], actions) -> None:
     """Steps `actions`, then one more with the first half of the envs at their episode's last step, and checks that
     the state the task keeps for them after their new episodes started (`_read_started_state`, which may write in

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import envs
-from conftest import check_episode_statistics, check_resume, check_seeding, check_started_state_is_what_a_read_gives
+from conftest import (GO2_STATE_READ, check_episode_statistics, check_resume, check_seeding,
+                      check_started_state_is_what_a_read_gives)
 from envs.go2 import JOINT_NAMES, OBS_SCALES, Go2WalkVecEnv
 
 EPISODE = 10
@@ -126,14 +127,10 @@ def test_velocity_variants_hide_exactly_the_documented_entries(batch, variant, r
         full_obs, hidden_obs = batch.step(action)[0], hidden.step(action)[0]
 
 
-STATE_READ = ("base_pos", "base_height", "base_quat", "base_lin_vel", "base_ang_vel", "projected_gravity", "dof_pos",
-              "dof_vel", "link_forces")
-
-
 def test_new_episodes_start_in_the_state_the_simulator_reads_back(batch):
     """The state after a reset is written in, not read again (one read per step: docs/tasks.md). Bugs: a velocity
     or a contact force left from the episode that ended, the gravity of the fallen pose, joints in another order."""
-    check_started_state_is_what_a_read_gives(batch, STATE_READ, actions(4, 8, seed=2))
+    check_started_state_is_what_a_read_gives(batch, GO2_STATE_READ, actions(4, 8, seed=2))
 
 
 def test_actions_act_one_step_late_as_on_the_robot(either):

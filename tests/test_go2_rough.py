@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import envs
-from conftest import check_episode_statistics, check_resume, check_seeding, check_started_state_is_what_a_read_gives
+from conftest import (GO2_STATE_READ, check_episode_statistics, check_resume, check_seeding,
+                      check_started_state_is_what_a_read_gives)
 from envs.go2_rough import SCAN_OBS_SCALE, Go2RoughVecEnv, next_levels
 from envs.terrain import TERRAIN_TYPES, HeightField, TileLayout, scan_grid, scan_points_world, yaw_of
 
@@ -248,8 +249,7 @@ def test_episode_metrics_report_the_level_and_falls_per_terrain_type(rough):
 def test_new_episodes_start_on_their_tiles_in_the_state_the_simulator_reads_back(rough):
     """As on flat ground (test_go2.py), with the ground under the scan and the base's height over the new tile.
     Bugs: the scan or the height read over the tile the robot left."""
-    names = ("base_pos", "base_height", "base_quat", "base_lin_vel", "base_ang_vel", "projected_gravity", "dof_pos",
-             "dof_vel", "link_forces", "ground_under_scan")
+    names = (*GO2_STATE_READ, "ground_under_scan")
     check_started_state_is_what_a_read_gives(rough, names, actions(NUM_ENVS, 8, seed=2))
 
 
