@@ -10,7 +10,7 @@ rollout waits on the GPU.
 alone, the GPU synchronised around each timed stretch so that queued work is counted.
 
 `busy`: a script's third iteration traced with torch.profiler: the GPU's kernel time (every kernel the profiler
-records; whether Genesis's own launches are among them is for the first GPU run to show) against the wall time of
+records, Genesis's among them: the third GPU session's trace shows them) against the wall time of
 the second, untraced iteration (the same work): near 100% the GPU is the limit, far below it the host is (Python
 and kernel launches), which decides what to make faster; the ops by GPU time, and a Chrome trace if asked for.
 
@@ -159,6 +159,21 @@ def sync_counts(module, args: Syncs, num_steps: int) -> collections.Counter:
     return counts
 
 
+def gpu_kernel_time(events) -> tuple[float, int]:
+    """The seconds in which the GPU ran at least one kernel, and the kernels' count. The profiler also lists its
+    annotations (`ProfilerStep#N`, the optimiser's step) as GPU events spanning whole stretches: they are not
+    kernels. Overlapping kernels (several streams) count once."""
+    from torch.autograd import DeviceType
+
+    spans = sorted((event.time_range.start, event.time_range.end) for event in events
+                   if event.device_type == DeviceType.CUDA and not event.is_user_annotation)
+    busy_us, covered_until = 0.0, float("-inf")
+    for start, end in spans:
+        busy_us += max(0.0, end - max(start, covered_until))
+        covered_until = max(covered_until, end)
+    return busy_us / 1e6, len(spans)
+
+
 def busy(args: Busy) -> dict:
     """Trains three iterations, tracing the third; prints and returns the second's wall time, the third's (slower:
     the profiler's own cost) and the GPU's kernel time and count in the third."""
@@ -182,10 +197,10 @@ def busy(args: Busy) -> dict:
             prof.step()
 
         module.train(run_args, on_iteration=iteration_done)
-    kernels = [event for event in prof.events() if event.device_type == DeviceType.CUDA]
-    report = {"untraced_s": ends[1] - ends[0], "traced_s": ends[2] - ends[1],
-              "kernel_s": sum(event.time_range.elapsed_us() for event in kernels) / 1e6, "kernels": len(kernels),
-              "traced_iterations": sum(event.name.startswith("ProfilerStep") for event in prof.events())}
+    kernel_s, kernels = gpu_kernel_time(prof.events())
+    report = {"untraced_s": ends[1] - ends[0], "traced_s": ends[2] - ends[1], "kernel_s": kernel_s, "kernels": kernels,
+              "traced_iterations": sum(event.name.startswith("ProfilerStep") and event.device_type == DeviceType.CPU
+                                       for event in prof.events())}
     print(f"{args.script} on {args.env_id}, {args.num_envs} envs: iteration 2 {report['untraced_s']:.3f} s "
           f"(untraced); iteration 3 {report['traced_s']:.3f} s (traced): {report['kernels']} GPU kernels, "
           f"{report['kernel_s']:.3f} s of GPU time, {report['kernel_s'] / report['untraced_s']:.0%} of iteration 2")

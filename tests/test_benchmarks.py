@@ -412,6 +412,25 @@ def test_gpu_busy_check_traces_one_whole_iteration_after_an_untraced_one(tmp_pat
     assert "untraced" in capsys.readouterr().out
 
 
+def test_gpu_busy_time_counts_kernels_once_and_not_the_profilers_annotations():
+    """Bugs: the GPU-side `ProfilerStep` annotation (a whole iteration long) summed with the kernels, as on the third
+    GPU session ("189%" of an iteration busy), or kernels of two streams that overlap counted twice."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from benchmarks import gpu_checks
+
+    def event(name, start, end, device=DeviceType.CUDA, annotation=False):
+        return FunctionEvent(0, name, 0, start, end, device_type=device, is_user_annotation=annotation)
+
+    events = [event("ProfilerStep#2", 0, 1000, DeviceType.CPU, annotation=True),
+              event("ProfilerStep#2", 0, 1000, annotation=True), event("aten::mm", 10, 20, DeviceType.CPU),
+              event("gemm", 100, 200), event("elementwise", 150, 250), event("kernel_step", 500, 550)]
+    busy_s, kernels = gpu_checks.gpu_kernel_time(events)
+    assert kernels == 3
+    assert busy_s == pytest.approx(200e-6)  # 100-250 and 500-550
+
+
 def test_gpu_sim_check_times_the_scene_inside_the_same_steps_through_envs(capsys):
     """Bugs: the scene-alone rate timing something else than the scene's own steps (then it is not above the rate
     through envs/, which includes them), or a row per task and size missing."""
