@@ -126,6 +126,8 @@ class Args:
     """clip the actor's and the critic's gradient norms each to --max-grad-norm (rsl_rl), not their joint norm"""
     target_kl: float = 0.0
     """stop the epochs of an iteration once approx_kl exceeds this (0: never)"""
+    target_kl_per_minibatch: bool = False
+    """check --target-kl after every minibatch, not only at each epoch's end (ManiSkill3's ppo_fast)"""
 
     hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer widths of the actor and of the critic"""
@@ -437,10 +439,19 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
     return norms
 
 
+def kl_stop(approx_kl: torch.Tensor, end_of_epoch: bool, args: Args) -> bool:
+    """--target-kl's early stop, after a minibatch's step, on that minibatch's KL (measured before the step): at an
+    epoch's end (CleanRL), or after any minibatch with --target-kl-per-minibatch (ManiSkill3's ppo_fast), which keeps
+    one epoch of many minibatches from carrying the policy far past the target. Reads the KL only where it may stop."""
+    if not args.target_kl or not (end_of_epoch or args.target_kl_per_minibatch):
+        return False
+    return approx_kl.item() > args.target_kl
+
+
 def update(agent: Agent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple, args: Args) -> tuple[dict, int]:
     """PPO's epochs of minibatch steps on one rollout: `batch` = (obs, actions, logprobs, advantages, returns, values,
     critic_obs or None), flat. Returns the losses' means and the first minibatch's diagnostics (as logged), and the
-    epochs done."""
+    epochs done (a fraction when a minibatch stopped them)."""
     stat_sums: dict[str, torch.Tensor] = {}
     num_updates = 0
     if args.norm_adv and not args.norm_adv_per_minibatch:
@@ -470,10 +481,13 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple
             for key, value in stats.items():
                 stat_sums[key] = stat_sums.get(key, 0.0) + value
             num_updates += 1
-        if args.target_kl and stats["approx_kl"].item() > args.target_kl:
+            stop = kl_stop(stats["approx_kl"], start + args.minibatch_size >= args.batch_size, args)
+            if stop:
+                break
+        if stop:
             break
     losses = {f"losses/{k}": v / num_updates for k, v in stat_sums.items() if k != "ratio_max_dev"}
-    return {**losses, **first_minibatch}, epoch + 1
+    return {**losses, **first_minibatch}, num_updates / args.num_minibatches
 
 
 class RunningMeanStd(nn.Module):

@@ -128,6 +128,8 @@ class Args:
     """clip the actor's and the critic's gradient norms each to --max-grad-norm (rsl_rl), not their joint norm"""
     target_kl: float = 0.0
     """stop the epochs of an iteration once approx_kl exceeds this (0: never)"""
+    target_kl_per_minibatch: bool = False
+    """check --target-kl after every minibatch, not only at each epoch's end (ManiSkill3's ppo_fast)"""
 
     context_len: int = 1
     """steps of the current episode the policy attends over, the current one included"""
@@ -729,13 +731,22 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
     return {**norms, **layer_max}
 
 
+def kl_stop(approx_kl: torch.Tensor, end_of_epoch: bool, args: Args) -> bool:
+    """--target-kl's early stop, after a minibatch's step, on that minibatch's KL (measured before the step): at an
+    epoch's end (CleanRL), or after any minibatch with --target-kl-per-minibatch (ManiSkill3's ppo_fast), which keeps
+    one epoch of many minibatches from carrying the policy far past the target. Reads the KL only where it may stop."""
+    if not args.target_kl or not (end_of_epoch or args.target_kl_per_minibatch):
+        return False
+    return approx_kl.item() > args.target_kl
+
+
 def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple,
            memory: torch.Tensor | None, args: Args) -> tuple[dict, int]:
     """PPO's epochs on one rollout cut into sequences of --bptt-len steps (single steps without memory), a minibatch
     being a set of sequences: `batch` = (windows, valid, starts or None, actions, logprobs, advantages, returns,
     values, critic_obs or None), each (num_steps, num_envs, ...), and `memory` the memory carried into each step
     (memory mode) or None. Returns the losses' means and the first minibatch's diagnostics (as logged), and the
-    epochs done."""
+    epochs done (a fraction when a minibatch stopped them)."""
     L = args.bptt_len
     if args.norm_adv and not args.norm_adv_per_minibatch:
         batch = (*batch[:5], normalise_advantages(batch[5], args), *batch[6:])
@@ -774,10 +785,13 @@ def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, loss_fn, b
             for key, value in stats.items():
                 stat_sums[key] = stat_sums.get(key, 0.0) + value
             num_updates += 1
-        if args.target_kl and stats["approx_kl"].item() > args.target_kl:
+            stop = kl_stop(stats["approx_kl"], start + sequences_per_minibatch >= args.num_sequences, args)
+            if stop:
+                break
+        if stop:
             break
     losses = {f"losses/{k}": v / num_updates for k, v in stat_sums.items() if k != "ratio_max_dev"}
-    return {**losses, **first_minibatch}, epoch + 1
+    return {**losses, **first_minibatch}, num_updates / args.num_minibatches
 
 
 class RunningMeanStd(nn.Module):

@@ -74,11 +74,12 @@ step_compile() {  # item 6: --compile against eager, the same 20 iterations (SPS
 }
 
 step_pick() {  # item 5: picking at 4096 envs with ManiSkill3's short rollouts (ppo_fast: 4096 envs x 8 steps);
-    # 59.5% at 5M steps and rising on the second GPU session: 10M by default (PICK_STEPS), about 7 minutes alone;
-    # PICK_FLAGS adds flags (--compile: ppo_fast's compiled update)
+    # 59.5% at 5M steps and rising on the second GPU session; on the third (--compile) 81% at 7.86M, then a collapse
+    # (KL 1.5-13 per update): PICK_FLAGS by default also stops the epochs at the first minibatch over --target-kl,
+    # as ManiSkill3's ppo_fast does. 10M steps by default (PICK_STEPS), about 4.5 minutes alone.
     run ${PICK_LIMIT:-540} $PY ppo_continuous.py --env-id FrankaPickCube-v0 $DEVICE --num-envs $ENVS --num-steps 8 \
         --total-timesteps $([ $SCALE = 1 ] && echo 128 || echo ${PICK_STEPS:-10000000}) --eval-interval 10 \
-        --eval-episodes $EPISODES --exp-name gpu_pick_short ${PICK_FLAGS:-} $QUIET
+        --eval-episodes $EPISODES --exp-name gpu_pick_short ${PICK_FLAGS---compile --target-kl-per-minibatch} $QUIET
 }
 
 step_torchrun() {  # item 7: two processes sharing one GPU (gloo), half the envs each

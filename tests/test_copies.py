@@ -17,7 +17,8 @@ from conftest import REPO, SCRIPTS
 # The shared parts of the algorithm: helpers, normalisers and the parts of PPO that do not depend on the policy's memory
 SHARED_ALGORITHM = (
     "layer_init", "RunningMeanStd", "ObsNormalizer", "RewardScaler", "HALF_LOG_2PI", "ACTIVATIONS", "mlp",
-    "compute_gae", "normalise_advantages", "is_weight_matrix", "make_optimizer", "lr_fraction", "adapt_lr", "task_args",
+    "compute_gae", "normalise_advantages", "is_weight_matrix", "make_optimizer", "lr_fraction", "adapt_lr", "kl_stop",
+    "task_args",
 )
 # The run plumbing, below each script's banner: flag checks, set-up, torchrun, run directories, checkpoints and resume,
 # signals, logging, the run object, the command line

@@ -78,6 +78,7 @@ MOVES: dict[str, list[Move]] = {
     "max_grad_norm": [Move(0.01, (("clip_grad_per_network", per_network),)) for per_network in (False, True)],
     "clip_grad_per_network": [Move(True, (("max_grad_norm", 0.01),))],
     "target_kl": [Move(1e-8, (("update_epochs", 3),))],
+    "target_kl_per_minibatch": [Move(True, (("target_kl", 1e-8), ("num_minibatches", 4)))],
     "hidden_sizes": [Move((8,)), Move((8,), (("critic", "mlp"),))],
     "privileged_critic": [Move(True, (("env_id", "PendulumNoVel-v1"),))],  # a task with a critic observation
     "activation": [Move("relu")],

@@ -433,6 +433,18 @@ def test_adaptive_kl_moves_the_rate_every_minibatch_within_its_bounds(script, in
         assert max(logged) == pytest.approx(bound) and all(lr <= bound * (1 + 1e-9) for lr in logged)
 
 
+@pytest.mark.parametrize("per_minibatch,epochs_done", [(False, 1.0), (True, 0.5)])
+def test_target_kl_stops_at_the_epochs_end_or_after_the_first_minibatch_over_it(script, in_tmp, per_minibatch,
+                                                                                 epochs_done):
+    """Bugs: --target-kl-per-minibatch ignored (the rest of an epoch stepped past a KL over the target, as in the
+    pick run that collapsed on a GPU), the epoch-end check stopping mid-epoch, or a stopped epoch logged as whole.
+    The first minibatch's KL is 0 (the policy that acted): the second is the first over any target."""
+    args = script.args(target_kl=1e-12, target_kl_per_minibatch=per_minibatch, num_minibatches=4, update_epochs=3)
+    args.total_timesteps = 2 * args.num_envs * args.num_steps
+    history = script.module.train(args)["history"]
+    assert [h["charts/update_epochs_done"] for h in history] == [epochs_done] * 2
+
+
 def test_critic_learning_rate_moves_the_critic_alone_at_its_own_rate(script, in_tmp):
     """Bug: --critic-learning-rate ignored (one rate for all parameters), or applied to the actor too."""
     def changes(**flags):
