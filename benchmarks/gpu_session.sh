@@ -1,7 +1,8 @@
 #!/bin/bash
 # Issue 51's GPU checks as one command, cheapest first; benchmarks/results/gpu.md says what each has measured so far.
 #
-#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 memory compile pick torchrun profile busy (default: all)
+#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 static memory compile pick torchrun profile busy
+#                                               (default: all)
 #
 # Run it from the repository root on a CUDA machine with the project's packages importable. Each step is stamped
 # with the clock in $OUT/log.txt (default gpu_out/), so wall times can be read against the runs' TensorBoard events,
@@ -48,6 +49,15 @@ step_go2() {  # item 3: Genesis's example settings, 100 iterations, evaluated ev
     run 420 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS --hidden-sizes 512 256 128 \
         --total-timesteps $(steps_of $ITERATIONS) --eval-interval $((ITERATIONS / 10 > 0 ? ITERATIONS / 10 : 1)) \
         --eval-episodes $EPISODES --exp-name gpu_genesis_example $QUIET
+}
+
+step_static() {  # item 3 in Genesis's performance mode (GS_ENABLE_NDARRAY=0, what gs.init(performance_mode=True)
+    # sets; Genesis's own go2_train.py runs so): kernels specialised to the scene, compiled per scene (minutes on a
+    # fresh cache); on 2 CPU cores the scene stepped ~30% faster. The same run as `go2` otherwise.
+    GS_ENABLE_NDARRAY=0 run 540 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS \
+        --hidden-sizes 512 256 128 --total-timesteps $(steps_of $ITERATIONS) \
+        --eval-interval $((ITERATIONS / 10 > 0 ? ITERATIONS / 10 : 1)) --eval-episodes $EPISODES \
+        --exp-name gpu_genesis_static $QUIET
 }
 
 step_memory() {  # item 2: the recurrent and transformer scripts on CUDA, their checkpoints evaluated on both devices
@@ -109,7 +119,7 @@ if [ $SCALE = 0 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$LOG"
 fi
 $PY -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" 2>&1 | tee -a "$LOG"
-for step in ${@:-sim syncs go2 memory compile pick torchrun profile busy}; do
+for step in ${@:-sim syncs go2 static memory compile pick torchrun profile busy}; do
     stamp "$step"
     "step_$step" || echo "$step: exit $?" | tee -a "$LOG"
     tar czf "$OUT/runs.tgz" --exclude='*.pt' runs/*__gpu_* runs/*__syncs__* 2>/dev/null
