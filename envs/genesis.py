@@ -20,6 +20,8 @@ and lists its own tensors in `STATE` (saved and restored with the simulator's jo
 
 from __future__ import annotations
 
+import os
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -47,11 +49,13 @@ def init_genesis(sim_device: str) -> str:
     import genesis as gs
 
     if _genesis_backend is None and not gs._initialized:
-        print(
-            "[envs] Initialising Genesis on the %s. The first scene build compiles its kernels "
-            "(about 80 s on 2 CPU cores); later builds load them from the cache (about 7 s)." % sim_device.upper(),
-            flush=True,
-        )
+        if os.environ.get("GS_ENABLE_NDARRAY") == "0":  # Genesis's performance mode (docs/tasks.md)
+            when = ("in performance mode (GS_ENABLE_NDARRAY=0): each new scene compiles its kernels (about 40 s on 2 "
+                    "CPU cores), about 24 s from the cache")
+        else:
+            when = ("the first scene build compiles its kernels (about 80 s on 2 CPU cores); later builds load them "
+                    "from the cache (about 7 s)")
+        print(f"[envs] Initialising Genesis on the {sim_device.upper()}: {when}.", flush=True)
         gs.init(backend=gs.gpu if sim_device == "gpu" else gs.cpu, precision="32", logging_level="error")
         _genesis_backend = sim_device
     elif _genesis_backend is not None and _genesis_backend != sim_device:
