@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 51's GPU checks as one command, cheapest first; benchmarks/results/gpu.md says what each has measured so far.
 #
-#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 static memory compile pick torchrun profile busy
-#                                               (default: all)
+#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 static memory gym tests compile pick torchrun
+#                                               profile busy (default: all)
 #
 # Run it from the repository root on a CUDA machine with the project's packages importable. Each step is stamped
 # with the clock in $OUT/log.txt (default gpu_out/), so wall times can be read against the runs' TensorBoard events,
@@ -28,7 +28,7 @@ run() {
     local limit=$1
     shift
     echo "\$ $*" >>"$LOG"
-    timeout "$limit" "$@" 2>&1 | grep -v "DeprecationWarning\|isinstance(stmt.value" | tee -a "$LOG"
+    timeout "$limit" "$@" 2>&1 | grep -v "DeprecationWarning\|isinstance(stmt.value\|settotalmass" | tee -a "$LOG"
 }
 steps_of() { echo $(($1 * 24 * ENVS)); }  # total steps of $1 iterations of 24 steps
 
@@ -75,6 +75,25 @@ step_memory() {  # item 2: the recurrent and transformer scripts on CUDA, their 
     done
 }
 
+step_gym() {  # item 2 on a Gymnasium task: each script trains on CUDA (first-minibatch ratio in the events), its
+    # checkpoint evaluated with the policy on the GPU and on the CPU (the same numbers expected)
+    local task=${GYM_TASK:-HalfCheetah-v5}
+    for script in ppo_continuous ppo_recurrent ppo_transformer; do
+        run 200 $PY $script.py --env-id $task $DEVICE --num-envs 8 --num-steps 256 --total-timesteps 20480 \
+            --eval-interval 0 --exp-name gpu_gym_$script $QUIET
+        local checkpoint
+        checkpoint=$(ls -td runs/${task}__gpu_gym_${script}__*/ | head -1)checkpoint.pt
+        for policy in cuda cpu; do
+            [ $SCALE = 1 ] && policy=cpu
+            run 120 $PY $script.py --eval-checkpoint "$checkpoint" --eval-episodes 4 --policy-device $policy
+        done
+    done
+}
+
+step_tests() {  # item 2: the test suite on a CUDA machine (its recorded numbers pin the CPU; the rest sees a GPU)
+    run ${TESTS_LIMIT:-300} $PY -m pytest -q -p no:cacheprovider -rf ${TESTS:-tests/test_invariants.py}
+}
+
 step_compile() {  # item 6: --compile against eager, the same 20 iterations (SPS in the events)
     for compiled in --no-compile --compile; do
         run 300 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS --hidden-sizes 512 256 128 \
@@ -119,7 +138,7 @@ if [ $SCALE = 0 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$LOG"
 fi
 $PY -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" 2>&1 | tee -a "$LOG"
-for step in ${@:-sim syncs go2 static memory compile pick torchrun profile busy}; do
+for step in ${@:-sim syncs go2 static memory gym tests compile pick torchrun profile busy}; do
     stamp "$step"
     "step_$step" || echo "$step: exit $?" | tee -a "$LOG"
     tar czf "$OUT/runs.tgz" --exclude='*.pt' runs/*__gpu_* runs/*__syncs__* 2>/dev/null
