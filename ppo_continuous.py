@@ -448,7 +448,7 @@ def kl_stop(approx_kl: torch.Tensor, end_of_epoch: bool, args: Args) -> bool:
     return approx_kl.item() > args.target_kl
 
 
-def update(agent: Agent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple, args: Args) -> tuple[dict, int]:
+def update(agent: Agent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple, args: Args) -> tuple[dict, float]:
     """PPO's epochs of minibatch steps on one rollout: `batch` = (obs, actions, logprobs, advantages, returns, values,
     critic_obs or None), flat. Returns the losses' means and the first minibatch's diagnostics (as logged), and the
     epochs done (a fraction when a minibatch stopped them)."""

@@ -599,7 +599,7 @@ def kl_stop(approx_kl: torch.Tensor, end_of_epoch: bool, args: Args) -> bool:
 
 
 def update(agent: RecurrentAgent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple, state_buf: torch.Tensor,
-           args: Args) -> tuple[dict, int]:
+           args: Args) -> tuple[dict, float]:
     """PPO's epochs on one rollout cut into sequences of --bptt-len steps, a minibatch being a set of sequences:
     `batch` = (obs, starts, actions, logprobs, values, advantages, returns, critic_obs or None), each (num_steps,
     num_envs, ...), and

@@ -741,7 +741,7 @@ def kl_stop(approx_kl: torch.Tensor, end_of_epoch: bool, args: Args) -> bool:
 
 
 def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, loss_fn, batch: tuple,
-           memory: torch.Tensor | None, args: Args) -> tuple[dict, int]:
+           memory: torch.Tensor | None, args: Args) -> tuple[dict, float]:
     """PPO's epochs on one rollout cut into sequences of --bptt-len steps (single steps without memory), a minibatch
     being a set of sequences: `batch` = (windows, valid, starts or None, actions, logprobs, advantages, returns,
     values, critic_obs or None), each (num_steps, num_envs, ...), and `memory` the memory carried into each step
