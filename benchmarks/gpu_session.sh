@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 51's GPU checks as one command, cheapest first; benchmarks/results/gpu.md says what each has measured so far.
 #
-#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 static memory gym tests compile pick torchrun
-#                                               profile busy (default: all)
+#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 static memory gym tests compile cudagraphs pick
+#                                               torchrun profile busy (default: all)
 #
 # Run it from the repository root on a CUDA machine with the project's packages importable. Each step is stamped
 # with the clock in $OUT/log.txt (default gpu_out/), so wall times can be read against the runs' TensorBoard events,
@@ -102,6 +102,14 @@ step_compile() {  # item 6: --compile against eager, the same 20 iterations (SPS
     done
 }
 
+step_cudagraphs() {  # item 6: --compile with torch.compile's CUDA graphs (mode "reduce-overhead", LeanRL's lever for
+    # a host-bound loop), patched in for this trial only; the same 20 iterations as `compile` (on the CPU: no graphs)
+    run 300 $PY -c "import functools, sys, torch; torch.compile = functools.partial(torch.compile, mode='reduce-overhead')
+import ppo_continuous; ppo_continuous.cli(sys.argv[1:])" --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS \
+        --hidden-sizes 512 256 128 --total-timesteps $(steps_of $((ITERATIONS / 5 > 2 ? ITERATIONS / 5 : 2))) \
+        --eval-interval 0 --compile --exp-name gpu_cudagraphs $QUIET
+}
+
 step_pick() {  # item 5: picking at 4096 envs with ManiSkill3's short rollouts (ppo_fast: 4096 envs x 8 steps);
     # 59.5% at 5M steps and rising on the second GPU session; on the third (--compile) 81% at 7.86M, then a collapse
     # (KL 1.5-13 per update): PICK_FLAGS by default also stops the epochs at the first minibatch over --target-kl,
@@ -138,7 +146,7 @@ if [ $SCALE = 0 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$LOG"
 fi
 $PY -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" 2>&1 | tee -a "$LOG"
-for step in ${@:-sim syncs go2 static memory gym tests compile pick torchrun profile busy}; do
+for step in ${@:-sim syncs go2 static memory gym tests compile cudagraphs pick torchrun profile busy}; do
     stamp "$step"
     "step_$step" || echo "$step: exit $?" | tee -a "$LOG"
     tar czf "$OUT/runs.tgz" --exclude='*.pt' runs/*__gpu_* runs/*__syncs__* 2>/dev/null
