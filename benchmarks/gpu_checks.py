@@ -89,6 +89,8 @@ class Busy:
     """ops listed, by GPU time (by CPU time without a GPU)"""
     trace: str = ""
     """a Chrome trace of the traced iteration to write (empty: none)"""
+    compile: bool = False
+    """trace the script's --compile run (its compiled acting and loss; compiling happens in the first iteration)"""
 
 
 def synchronize() -> None:
@@ -184,8 +186,9 @@ def busy(args: Busy) -> dict:
     cuda = torch.cuda.is_available()
     run_args = module.task_args(
         args.env_id, num_envs=args.num_envs, cuda=cuda, progress_bar=False, eval_interval=0, checkpoint_interval=1000,
-        hidden_sizes=tuple(args.hidden_sizes), exp_name="busy", **{name: getattr(args, name) for name in (
-            "num_steps", "update_epochs", "num_minibatches") if getattr(args, name)})
+        hidden_sizes=tuple(args.hidden_sizes), exp_name="busy", compile=args.compile,
+        **{name: getattr(args, name) for name in ("num_steps", "update_epochs", "num_minibatches")
+           if getattr(args, name)})
     run_args.total_timesteps = 3 * run_args.num_steps * args.num_envs
     ends = []
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])

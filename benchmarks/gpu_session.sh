@@ -104,7 +104,8 @@ step_compile() {  # item 6: --compile against eager, the same 20 iterations (SPS
 
 step_cudagraphs() {  # item 6: --compile with torch.compile's CUDA graphs (mode "reduce-overhead", LeanRL's lever for
     # a host-bound loop), patched in for this trial only; the same 20 iterations as `compile` (on the CPU: no graphs)
-    run 300 $PY -c "import functools, sys, torch; torch.compile = functools.partial(torch.compile, mode='reduce-overhead')
+    run 300 $PY -c "import functools, sys, torch
+torch.compile = functools.partial(torch.compile, mode='reduce-overhead')
 import ppo_continuous; ppo_continuous.cli(sys.argv[1:])" --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS \
         --hidden-sizes 512 256 128 --total-timesteps $(steps_of $((ITERATIONS / 5 > 2 ? ITERATIONS / 5 : 2))) \
         --eval-interval 0 --compile --exp-name gpu_cudagraphs $QUIET
@@ -137,7 +138,8 @@ s.sort_stats('cumulative').print_stats(80)" "$OUT/go2.prof" >"$OUT/go2_profile.t
 step_busy() {  # items 2, 3 and 6: the GPU's share of a Go2 iteration (near 100%: the GPU limits, else the host)
     local small=""
     [ $SCALE = 1 ] && small="--num-steps 4 --update-epochs 1 --num-minibatches 1 --hidden-sizes 8"
-    run 200 $PY benchmarks/gpu_checks.py busy --env-id Go2Walk-v0 --num-envs $ENVS $small --trace "$OUT/go2_trace.json"
+    run 200 $PY benchmarks/gpu_checks.py busy --env-id Go2Walk-v0 --num-envs $ENVS $small \
+        --trace "$OUT/go2_trace.json" ${BUSY_FLAGS:-}  # BUSY_FLAGS: e.g. --compile
     gzip -f "$OUT/go2_trace.json"
 }
 

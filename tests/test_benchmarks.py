@@ -412,6 +412,26 @@ def test_gpu_busy_check_traces_one_whole_iteration_after_an_untraced_one(tmp_pat
     assert "untraced" in capsys.readouterr().out
 
 
+def test_gpu_busy_check_traces_the_compiled_run_when_asked(monkeypatch, capsys):
+    """Bug: busy's --compile not reaching the traced script (the eager run traced under the compiled run's name)."""
+    import types
+
+    from benchmarks import gpu_checks
+
+    seen = []
+
+    def train(run_args, on_iteration):
+        seen.append(run_args.compile)
+        for _ in range(3):
+            on_iteration({})
+
+    fake = types.SimpleNamespace(task_args=lambda env_id, **flags: types.SimpleNamespace(**flags), train=train)
+    monkeypatch.setattr(gpu_checks.importlib, "import_module", lambda name: fake)
+    for compiled in (False, True):
+        gpu_checks.busy(gpu_checks.Busy(num_envs=2, num_steps=4, rows=1, compile=compiled))
+    assert seen == [False, True]
+
+
 def test_gpu_busy_time_counts_kernels_once_and_not_the_profilers_annotations():
     """Bugs: the GPU-side `ProfilerStep` annotation (a whole iteration long) summed with the kernels, as on the third
     GPU session ("189%" of an iteration busy), or kernels of two streams that overlap counted twice."""
