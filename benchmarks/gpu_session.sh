@@ -53,7 +53,7 @@ step_go2() {  # item 3: Genesis's example settings, 100 iterations, evaluated ev
 
 step_static() {  # item 3 in Genesis's performance mode (GS_ENABLE_NDARRAY=0, what gs.init(performance_mode=True)
     # sets; Genesis's own go2_train.py runs so): kernels specialised to the scene, compiled per scene (minutes on a
-    # fresh cache); on 2 CPU cores the scene stepped ~30% faster. The same run as `go2` otherwise.
+    # fresh cache); on 2 CPU cores the scene stepped ~30% faster, on an H200 no faster. The same run as `go2`.
     GS_ENABLE_NDARRAY=0 run 540 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS \
         --hidden-sizes 512 256 128 --total-timesteps $(steps_of $ITERATIONS) \
         --eval-interval $((ITERATIONS / 10 > 0 ? ITERATIONS / 10 : 1)) --eval-episodes $EPISODES \
