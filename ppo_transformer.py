@@ -179,6 +179,8 @@ class Args:
     """scale rewards by the running standard deviation of the discounted return"""
     compile: bool = False
     """torch.compile the policy and the loss: the same run as without (random draws as eager), faster once compiled"""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile's mode for --compile: reduce-overhead adds CUDA graphs (fewer kernel launches; GPU only)"""
 
     checkpoint_interval: int = 50
     """iterations between checkpoints (one is always written at the end, on Ctrl-C and on SIGTERM)"""
@@ -774,8 +776,9 @@ def update(agent: TransformerAgent, optimizer: torch.optim.Optimizer, loss_fn, b
             # torchrun: every process steps with the mean gradient and, for the adaptive rate and the early stop,
             # the mean KL, so they stay identical
             average_over_processes([p.grad for p in agent.parameters() if p.grad is not None] + [stats["approx_kl"]])
-            if num_updates == 0:  # once per iteration: the policy that acted, and its gradients
-                first_minibatch = {"debug/first_minibatch_ratio_max_dev": stats["ratio_max_dev"],
+            if num_updates == 0:  # once per iteration: the policy that acted, and its gradients (a copy: with CUDA
+                # graphs the next minibatch's loss writes its outputs into the same memory)
+                first_minibatch = {"debug/first_minibatch_ratio_max_dev": stats["ratio_max_dev"].clone(),
                                    **{f"gradients/{k}": v for k, v in grad_norms(agent).items()}}
             norms = [nn.utils.clip_grad_norm_(params, args.max_grad_norm) for params in networks]
             stats["grad_norm_total"] = torch.linalg.vector_norm(torch.stack(norms))  # of all, before clipping
@@ -964,7 +967,9 @@ def collect_rollout(agent: TransformerAgent, get_action_and_value, obs_norm: Obs
             action, logprob, _, value, memory = get_action_and_value(context.obs, context.valid(), None,
                                                                      next_critic_obs, context.memory,
                                                                      rollout.starts[step])
-            context.write_memory(memory)
+            # a copy: with CUDA graphs (--compile-mode reduce-overhead) the next compiled call, the next step's or
+            # the update's, writes over this one's outputs while the memory is still carried
+            context.write_memory(memory.clone())
         rollout.actions[step], rollout.logprobs[step], rollout.values[step] = action, logprob, value
         next_obs_raw, reward, terminated, truncated, info = step_envs(
             vec, agent.env_action(action), args.env_id, global_step + step * N, iteration)
@@ -1064,8 +1069,8 @@ def train(args: Args, on_iteration=None) -> dict:
         from torch._inductor import config as inductor_config
 
         inductor_config.fallback_random = True
-    get_action_and_value = torch.compile(agent.get_action_and_value) if args.compile else agent.get_action_and_value
-    loss_fn = torch.compile(ppo_loss) if args.compile else ppo_loss
+    compiled = (lambda fn: torch.compile(fn, mode=args.compile_mode)) if args.compile else (lambda fn: fn)
+    get_action_and_value, loss_fn = compiled(agent.get_action_and_value), compiled(ppo_loss)
     # What a checkpoint holds besides counters (Run): shared by all processes, each process's own, and where the
     # next rollout starts: the envs' last observation and the policy's memory of their episodes (restored with the
     # envs' state).

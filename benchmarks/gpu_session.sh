@@ -102,13 +102,11 @@ step_compile() {  # item 6: --compile against eager, the same 20 iterations (SPS
     done
 }
 
-step_cudagraphs() {  # item 6: --compile with torch.compile's CUDA graphs (mode "reduce-overhead", LeanRL's lever for
-    # a host-bound loop), patched in for this trial only; the same 20 iterations as `compile` (on the CPU: no graphs)
-    run 300 $PY -c "import functools, sys, torch
-torch.compile = functools.partial(torch.compile, mode='reduce-overhead')
-import ppo_continuous; ppo_continuous.cli(sys.argv[1:])" --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS \
-        --hidden-sizes 512 256 128 --total-timesteps $(steps_of $((ITERATIONS / 5 > 2 ? ITERATIONS / 5 : 2))) \
-        --eval-interval 0 --compile --exp-name gpu_cudagraphs $QUIET
+step_cudagraphs() {  # item 6: --compile with CUDA graphs (--compile-mode reduce-overhead, LeanRL's lever for a
+    # host-bound loop); the same 20 iterations as `compile` (on the CPU: no graphs)
+    run 300 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS --hidden-sizes 512 256 128 \
+        --total-timesteps $(steps_of $((ITERATIONS / 5 > 2 ? ITERATIONS / 5 : 2))) --eval-interval 0 --compile \
+        --compile-mode reduce-overhead --exp-name gpu_cudagraphs $QUIET
 }
 
 step_pick() {  # item 5: picking at 4096 envs with ManiSkill3's short rollouts (ppo_fast: 4096 envs x 8 steps);

@@ -126,6 +126,8 @@ EXEMPT: dict[str, str] = {
     "progress_bar": "logging (the terminal)",
     "vectorization_mode": "where Gymnasium's envs step (this process or subprocesses): the same numbers",
     "compile": "the same computation compiled: speed only (random draws as eager)",
+    "compile_mode": "torch.compile's mode: speed only (test_compile_mode_reaches_torch_compile, and "
+                    "test_no_compiled_output_is_read_after_the_next_call for CUDA graphs)",
     "torch_threads": "speed only",
     "update_threads": "speed only",
     "dist_timeout_s": "a torchrun timeout",
