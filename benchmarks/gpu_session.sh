@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 51's GPU checks as one command, cheapest first; benchmarks/results/gpu.md says what each has measured so far.
 #
-#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 static memory gym tests compile cudagraphs pick
-#                                               torchrun profile busy (default: all)
+#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 static memory gym tests compile cudagraphs split
+#                                               pick torchrun profile busy (default: all)
 #
 # Run it from the repository root on a CUDA machine with the project's packages importable. Each step is stamped
 # with the clock in $OUT/log.txt (default gpu_out/), so wall times can be read against the runs' TensorBoard events,
@@ -109,6 +109,18 @@ step_cudagraphs() {  # item 6: --compile with CUDA graphs (--compile-mode reduce
         --compile-mode reduce-overhead --exp-name gpu_cudagraphs $QUIET
 }
 
+step_split() {  # item 6: the device split: FrankaReach-v0 trained with the policy and the simulator on each device
+    # (both on the GPU, the policy on the CPU, the simulator on the CPU), evaluated at the end (same within noise)
+    local n=$([ $SCALE = 1 ] && echo 8 || echo 512) iterations=$([ $SCALE = 1 ] && echo 2 || echo 40)
+    for split in "cuda cuda" "cpu cuda" "cuda cpu"; do
+        set -- $split
+        [ $SCALE = 1 ] && set -- cpu cpu
+        run 300 $PY ppo_continuous.py --env-id FrankaReach-v0 --policy-device $1 --sim-device $2 --num-envs $n \
+            --total-timesteps $((n * 24 * iterations)) --eval-interval $iterations --eval-episodes $EPISODES \
+            --exp-name gpu_split_$1_$2 $QUIET
+    done
+}
+
 step_pick() {  # item 5: picking at 4096 envs with ManiSkill3's short rollouts (ppo_fast: 4096 envs x 8 steps);
     # 59.5% at 5M steps and rising on the second GPU session; on the third (--compile) 81% at 7.86M, then a collapse
     # (KL 1.5-13 per update): PICK_FLAGS by default also stops the epochs at the first minibatch over --target-kl,
@@ -146,7 +158,7 @@ if [ $SCALE = 0 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$LOG"
 fi
 $PY -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" 2>&1 | tee -a "$LOG"
-for step in ${@:-sim syncs go2 static memory gym tests compile cudagraphs pick torchrun profile busy}; do
+for step in ${@:-sim syncs go2 static memory gym tests compile cudagraphs split pick torchrun profile busy}; do
     stamp "$step"
     "step_$step" || echo "$step: exit $?" | tee -a "$LOG"
     tar czf "$OUT/runs.tgz" --exclude='*.pt' runs/*__gpu_* runs/*__syncs__* 2>/dev/null
