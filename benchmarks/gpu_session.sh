@@ -45,10 +45,11 @@ step_syncs() {  # item 2: host syncs per rollout step, by line, in each script (
 }
 
 step_go2() {  # item 3: Genesis's example settings, 100 iterations, evaluated every 10 (time to the flat bar);
-    # the limit leaves room for a fresh machine's kernel compile (about 2 minutes)
+    # the limit leaves room for a fresh machine's kernel compile (about 2 minutes). GO2_FLAGS: e.g. "--compile
+    # --compile-mode reduce-overhead"
     run 420 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $ENVS --hidden-sizes 512 256 128 \
         --total-timesteps $(steps_of $ITERATIONS) --eval-interval $((ITERATIONS / 10 > 0 ? ITERATIONS / 10 : 1)) \
-        --eval-episodes $EPISODES --exp-name gpu_genesis_example $QUIET
+        --eval-episodes $EPISODES --exp-name gpu_genesis_example ${GO2_FLAGS:-} $QUIET
 }
 
 step_static() {  # item 3 in Genesis's performance mode (GS_ENABLE_NDARRAY=0, what gs.init(performance_mode=True)
