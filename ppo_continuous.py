@@ -869,6 +869,7 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
         ("torch_threads", args.torch_threads >= 0, "0 (torch's default) or more"),
         ("update_threads", args.update_threads >= 0, "0 (torch's default) or more"),
         ("dist_timeout_s", args.dist_timeout_s >= 1, "at least 1"),
+        ("compile_mode", args.compile or args.compile_mode == "default", "used with --compile (add --compile)"),
     ]
     for name, ok, requirement in rules:
         if not ok:

@@ -125,6 +125,8 @@ CLI_CASES = [
     ("ppo_transformer", ["--env-id", "PendulumNoVel-v1", "--clip-coef", "0"], "--clip-coef"),
     ("ppo_transformer", ["--resume", "{ppo_continuous}"], "ppo_continuous.py"),
     ("ppo_transformer", ["--eval-checkpoint", "{ppo_recurrent}"], "ppo_recurrent.py"),
+    *((script, ["--env-id", "PendulumNoVel-v1", "--compile-mode", "reduce-overhead"], "--compile-mode must be used with "
+       "--compile") for script in ("ppo_continuous", "ppo_recurrent", "ppo_transformer")),
 ]
 # (envs.make keyword arguments, or "step" to step with a wrong action shape; what the message must name)
 ENV_CASES = [
