@@ -175,7 +175,8 @@ class Args:
     checkpoint_interval: int = 50
     """iterations between checkpoints (one is always written at the end, on Ctrl-C and on SIGTERM)"""
     resume: str | None = None
-    """checkpoint file or run directory to continue (same run directory, step counter and curves)"""
+    """checkpoint file or run directory to continue (same run directory, step counter and curves; its flags but for
+    --total-timesteps, the devices and the progress bar)"""
     eval_checkpoint: str | None = None
     """evaluate this checkpoint instead of training"""
     eval_interval: int = 20
@@ -1079,9 +1080,38 @@ def pick_device(name: str, flag: str) -> torch.device:
     return torch.device(name)
 
 
+# What a resumed run may be told anew: where it runs, for how long, how it shows its progress. Everything else is the
+# checkpoint's; another value given for it is refused (one line naming the flag), never silently dropped.
+RESUME_MAY_CHANGE = ("total_timesteps", "progress_bar", "torch_threads", "update_threads", "dist_timeout_s")
+DEVICE_FLAGS = ("cuda", "policy_device", "sim_device")
+
+
+def resumed_args(args: Args, checkpoint: dict) -> Args:
+    """The checkpoint's flags, with those of `args` that a resume may change. A flag counts as given when it differs
+    from the script's default (the command line parses against those when it resumes)."""
+    saved, defaults = args_from_checkpoint(checkpoint), Args()
+    not_flags = ("resume", "eval_checkpoint", "export_checkpoint", "world_size", "batch_size", "minibatch_size",
+                 "num_iterations")
+    changed = {}
+    for name in (f.name for f in fields(Args) if f.name not in not_flags):
+        value = getattr(args, name)
+        if value != getattr(defaults, name) and value != getattr(saved, name):
+            changed[name] = value
+    may_change = ", ".join("--" + name.replace("_", "-") for name in RESUME_MAY_CHANGE)
+    for name, value in changed.items():
+        if name not in RESUME_MAY_CHANGE + DEVICE_FLAGS:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} {value!r}: the run being resumed has {getattr(saved, name)!r}; a resumed run "
+                             f"keeps its flags but for {may_change} and the devices (start a new run to change {flag})")
+    # The devices go together (a GPU run resumed on a CPU machine: --policy-device cpu --sim-device cpu).
+    if any(name in changed for name in DEVICE_FLAGS):
+        changed.update({name: getattr(args, name) for name in DEVICE_FLAGS})
+    return dataclasses.replace(saved, **changed, resume=args.resume)
+
+
 def start_run(args: Args) -> tuple[Args, int, dict | None, torch.device, tuple[int, int]]:
     """What comes before any env: torchrun's process group, the checkpoint to resume (whose flags then replace
-    these, but for the devices where given), the flags checked, the devices, the seed and the threads. Returns the
+    these, but for those a resume may change), the flags checked, the devices, the seed and the threads. Returns the
     flags, this process's rank, the checkpoint (or None), the policy's device and the (rollout, update) threads."""
     rank = init_distributed(args)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume else None
@@ -1089,19 +1119,16 @@ def start_run(args: Args) -> tuple[Args, int, dict | None, torch.device, tuple[i
         if "torch_rng" not in checkpoint:  # written before checkpoints were one dict of stateful objects
             raise UsageError(f"--resume {args.resume}: a checkpoint of an older version of this script, which cannot "
                              "be continued; it still evaluates (--eval-checkpoint), or start a new run")
-        resumed = args_from_checkpoint(checkpoint)
-        # Where the run goes on is the command line's to say when it says so (a GPU run resumed on a CPU machine);
-        # everything else is the checkpoint's.
-        where = {name: getattr(args, name) for name in ("cuda", "policy_device", "sim_device")}
-        if any(value != getattr(Args, name) for name, value in where.items()):
-            resumed = dataclasses.replace(resumed, **where)
-        args = dataclasses.replace(resumed, resume=args.resume)
+        args = resumed_args(args, checkpoint)
     args = resolve_args(args)
     policy_device = pick_device(args.policy_device, "--policy-device")
     pick_device(args.sim_device, "--sim-device")
     if checkpoint is not None and checkpoint.get("world_size", 1) != args.world_size:
         raise UsageError(f"--resume {args.resume}: written by {checkpoint.get('world_size', 1)} processes, resumed by "
                          f"{args.world_size}; resume with torchrun --nproc-per-node {checkpoint.get('world_size', 1)}")
+    if checkpoint is not None and checkpoint["iteration"] >= args.num_iterations:
+        raise UsageError(f"--resume {args.resume}: the run already has {checkpoint['global_step']:,} steps, all "
+                         f"that --total-timesteps {args.total_timesteps:,} asks for; give a larger one to go on")
     torch.manual_seed(args.seed + rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     threads = (args.torch_threads or torch.get_num_threads(), args.update_threads or torch.get_num_threads())
@@ -1813,7 +1840,9 @@ def parse_args(argv: list[str] | None = None) -> Args:
             env_id = argv[i + 1]
         elif flag.startswith("--env-id="):
             env_id = flag.split("=", 1)[1]
-    return tyro.cli(Args, args=argv, default=task_args(env_id))
+    # A resumed run's flags are its checkpoint's: parsed against the script's defaults, the ones given stand out.
+    resuming = any(flag == "--resume" or flag.startswith("--resume=") for flag in argv)
+    return tyro.cli(Args, args=argv, default=Args() if resuming else task_args(env_id))
 
 
 def print_run_end(summary: dict) -> None:

@@ -20,7 +20,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import envs
 from conftest import (
-    REPO, SCRIPTS, ScriptedEnv, communicate, episode_schedule, run_cli, script_named, wait_until,
+    REPO, SCRIPTS, ScriptedEnv, communicate, episode_schedule, metrics_without_timing, run_cli, script_named,
+    wait_until,
 )
 
 
@@ -125,6 +126,10 @@ CLI_CASES = [
     ("ppo_transformer", ["--env-id", "PendulumNoVel-v1", "--clip-coef", "0"], "--clip-coef"),
     ("ppo_transformer", ["--resume", "{ppo_continuous}"], "ppo_continuous.py"),
     ("ppo_transformer", ["--eval-checkpoint", "{ppo_recurrent}"], "ppo_recurrent.py"),
+    *((script, ["--resume", "{%s}" % script], "give a larger one to go on") for script in SCRIPTS),
+    ("ppo_recurrent", ["--resume", "{ppo_recurrent}", "--total-timesteps", "100000", "--learning-rate", "0.5"],
+     "--learning-rate 0.5: the run being resumed has 0.001"),
+    ("ppo_transformer", ["--resume", "{ppo_transformer}", "--env-id", "Pendulum-v1"], "--env-id 'Pendulum-v1'"),
     *((script, ["--env-id", "PendulumNoVel-v1", "--compile-mode", "reduce-overhead"], "--compile-mode must be used with "
        "--compile") for script in ("ppo_continuous", "ppo_recurrent", "ppo_transformer")),
 ]
@@ -451,6 +456,26 @@ def test_resume_continues_in_the_directory_that_holds_the_checkpoint(script, in_
     resumed = script.module.train(script.module.Args(resume=str(moved / "checkpoint_000002.pt"), progress_bar=False))
     assert os.path.samefile(resumed["run_dir"], moved) and (moved / "checkpoint_000003.pt").exists()
     assert not (elsewhere / "runs").exists() and not (in_tmp / "runs" / os.path.basename(run_dir)).exists()
+
+
+def test_resume_with_a_larger_total_timesteps_goes_on_as_one_longer_run(script, in_tmp):
+    """Bug: the flags given with --resume dropped for the checkpoint's, --total-timesteps among them, so a finished run
+    could not be trained on (it ended at once), nor moved to other threads."""
+    flags = dict(lr_schedule="constant", checkpoint_interval=2, eval_interval=0)
+    batch = script.args().num_envs * script.args().num_steps
+    straight = script.module.train(script.args(**flags, total_timesteps=4 * batch))
+    short = script.module.train(script.args(**flags, total_timesteps=2 * batch))
+    extended = script.module.train(script.module.Args(resume=short["run_dir"], total_timesteps=4 * batch))
+    assert extended["run_dir"] == short["run_dir"] and extended["global_step"] == 4 * batch
+    assert [h["iteration"] for h in extended["history"]] == [3, 4]
+    assert metrics_without_timing(extended["history"]) == metrics_without_timing(straight["history"][2:])
+    assert torch.load(extended["checkpoint"], weights_only=True)["args"]["total_timesteps"] == 4 * batch
+    # Threads change the sums' order (not the same numbers), so they are checked apart, on the saved flags.
+    moved = script.module.train(script.module.Args(resume=os.path.join(straight["run_dir"], "checkpoint_000002.pt"),
+                                                   torch_threads=2, update_threads=1, dist_timeout_s=99))
+    saved = torch.load(moved["checkpoint"], weights_only=True)["args"]  # the next resume goes on from these
+    assert (saved["torch_threads"], saved["update_threads"], saved["dist_timeout_s"]) == (2, 1, 99)
+    assert saved["progress_bar"] is False and saved["total_timesteps"] == 4 * batch  # not given: the checkpoint's
 
 
 # ---------------------------------------------------------------- run directories
