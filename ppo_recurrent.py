@@ -1294,15 +1294,21 @@ def restore(checkpoint: dict | None, rank: int, vec, stateful: dict, own_statefu
     torch.set_rng_state(own["torch_rng"])
     if own.get("cuda_rng") is not None and torch.cuda.is_available():  # a CUDA policy's action noise and shuffles
         torch.cuda.set_rng_state(own["cuda_rng"])
-    if own["env"] is not None:
-        vec.load_state_dict(own["env"])
+    env_state, why_fresh = own["env"], "this task's env state was not saved"
+    # A task that keeps more than it did when the checkpoint was written (envs/ changed since) cannot be given the old
+    # state; it is checked before anything is loaded, so the envs are still as their reset left them.
+    missing = [] if env_state is None else sorted(set(vec.state_dict()) - set(env_state))
+    if missing:
+        env_state, why_fresh = None, f"the saved env state lacks {', '.join(missing)} (an older envs/ wrote it)"
+    if env_state is not None:
+        vec.load_state_dict(env_state)
         for key, value in carry.items():
             if isinstance(value, torch.Tensor):
                 carry[key] = own[key].to(value.device)
             else:
                 value.load_state_dict(own[key])
     else:
-        print("[resume] this task's env state was not saved: envs start from a fresh reset")
+        print(f"[resume] {why_fresh}: envs start from a fresh reset")
     return checkpoint["global_step"], checkpoint["iteration"] + 1
 
 

@@ -478,6 +478,23 @@ def test_resume_with_a_larger_total_timesteps_goes_on_as_one_longer_run(script, 
     assert saved["progress_bar"] is False and saved["total_timesteps"] == 4 * batch  # not given: the checkpoint's
 
 
+def test_a_checkpoint_from_before_a_task_kept_more_state_resumes_from_a_fresh_reset(script, in_tmp, capsys):
+    """Bug: a task that keeps a new entry of state (an episode metric added to envs/) could not resume the runs
+    written before it: the env's load_state_dict raised a KeyError halfway through loading, with a traceback."""
+    args = script.args(checkpoint_interval=1)
+    args.total_timesteps = 2 * args.num_envs * args.num_steps
+    straight = script.module.train(args)
+    checkpoint = torch.load(os.path.join(straight["run_dir"], "checkpoint_000001.pt"), weights_only=True)
+    del checkpoint["env"]["episodes"]  # as if the task had not kept its episodes' returns then
+    older = os.path.join(straight["run_dir"], "older.pt")
+    torch.save(checkpoint, older)
+    capsys.readouterr()
+    resumed = script.module.train(script.module.Args(resume=older))
+    assert resumed["iteration"] == 2 and resumed["global_step"] == straight["global_step"]
+    assert "[resume] the saved env state lacks episodes (an older envs/ wrote it): envs start from a fresh reset" in (
+        capsys.readouterr().out)
+
+
 # ---------------------------------------------------------------- run directories
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_two_identical_runs_started_in_the_same_second_get_two_directories(script, tmp_path):
