@@ -32,6 +32,7 @@ import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import tyro
@@ -91,6 +92,8 @@ class Busy:
     """a Chrome trace of the traced iteration to write (empty: none)"""
     compile: bool = False
     """trace the script's --compile run (its compiled acting and loss; compiling happens in the first iteration)"""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """the script's --compile-mode with --compile (reduce-overhead: CUDA graphs)"""
 
 
 def synchronize() -> None:
@@ -187,6 +190,7 @@ def busy(args: Busy) -> dict:
     run_args = module.task_args(
         args.env_id, num_envs=args.num_envs, cuda=cuda, progress_bar=False, eval_interval=0, checkpoint_interval=1000,
         hidden_sizes=tuple(args.hidden_sizes), exp_name="busy", compile=args.compile,
+        compile_mode=args.compile_mode,
         **{name: getattr(args, name) for name in ("num_steps", "update_epochs", "num_minibatches")
            if getattr(args, name)})
     run_args.total_timesteps = 3 * run_args.num_steps * args.num_envs

@@ -413,7 +413,8 @@ def test_gpu_busy_check_traces_one_whole_iteration_after_an_untraced_one(tmp_pat
 
 
 def test_gpu_busy_check_traces_the_compiled_run_when_asked(monkeypatch, capsys):
-    """Bug: busy's --compile not reaching the traced script (the eager run traced under the compiled run's name)."""
+    """Bug: busy's --compile (or --compile-mode) not reaching the traced script (the eager run traced under the
+    compiled run's name, or the compiled run without its CUDA graphs)."""
     import types
 
     from benchmarks import gpu_checks
@@ -421,15 +422,15 @@ def test_gpu_busy_check_traces_the_compiled_run_when_asked(monkeypatch, capsys):
     seen = []
 
     def train(run_args, on_iteration):
-        seen.append(run_args.compile)
+        seen.append((run_args.compile, run_args.compile_mode))
         for _ in range(3):
             on_iteration({})
 
     fake = types.SimpleNamespace(task_args=lambda env_id, **flags: types.SimpleNamespace(**flags), train=train)
     monkeypatch.setattr(gpu_checks.importlib, "import_module", lambda name: fake)
-    for compiled in (False, True):
-        gpu_checks.busy(gpu_checks.Busy(num_envs=2, num_steps=4, rows=1, compile=compiled))
-    assert seen == [False, True]
+    for compiled, mode in ((False, "default"), (True, "default"), (True, "reduce-overhead")):
+        gpu_checks.busy(gpu_checks.Busy(num_envs=2, num_steps=4, rows=1, compile=compiled, compile_mode=mode))
+    assert seen == [(False, "default"), (True, "default"), (True, "reduce-overhead")]
 
 
 def test_gpu_busy_time_counts_kernels_once_and_not_the_profilers_annotations():
