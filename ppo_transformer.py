@@ -2034,9 +2034,21 @@ def parse_args(argv: list[str] | None = None) -> Args:
             env_id = argv[i + 1]
         elif flag.startswith("--env-id="):
             env_id = flag.split("=", 1)[1]
-    # A resumed run's flags are its checkpoint's: parsed against the script's defaults, the ones given stand out.
-    resuming = any(flag == "--resume" or flag.startswith("--resume=") for flag in argv)
-    return tyro.cli(Args, args=argv, default=Args() if resuming else task_args(env_id))
+    # From a checkpoint (resume, evaluate, export) the flags are its own: parsed against the script's defaults, the
+    # ones given stand out.
+    from_checkpoint = any(flag.split("=", 1)[0] in ("--resume", "--eval-checkpoint", "--export-checkpoint")
+                          for flag in argv)
+    return tyro.cli(Args, args=argv, default=Args() if from_checkpoint else task_args(env_id))
+
+
+def refuse_unused_flags(args: Args, mode: str, used: tuple[str, ...]) -> None:
+    """Evaluating or exporting a checkpoint reads `used` of the command line and the rest from the checkpoint; any
+    other flag given (away from the script's default) would do nothing, so it is refused rather than ignored."""
+    defaults = Args()
+    for name in (f.name for f in fields(Args) if f.name not in used):
+        if getattr(args, name) != getattr(defaults, name):
+            raise UsageError(f"--{name.replace('_', '-')} does nothing with {mode} (the checkpoint holds the run's "
+                             "flags); leave it out")
 
 
 def print_run_end(summary: dict) -> None:
@@ -2068,8 +2080,12 @@ def cli(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         if args.eval_checkpoint:
-            evaluate(args.eval_checkpoint, args.eval_episodes, args.capture_video, args.policy_device, args.sim_device)
+            refuse_unused_flags(args, "--eval-checkpoint", ("eval_checkpoint", "eval_episodes", "capture_video", "cuda",
+                                                            "policy_device", "sim_device", "progress_bar"))
+            devices = ("cuda", "cuda") if args.cuda else (args.policy_device, args.sim_device)
+            evaluate(args.eval_checkpoint, args.eval_episodes, args.capture_video, *devices)
         elif args.export_checkpoint:
+            refuse_unused_flags(args, "--export-checkpoint", ("export_checkpoint", "progress_bar"))
             export_policy(args.export_checkpoint)
         else:
             summary = train(args)

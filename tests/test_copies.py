@@ -29,7 +29,8 @@ PLUMBING = (
     "restore", "StopSignal", "open_logs", "step_envs",
     "video_saved", "elapsed_since", "show_progress", "RolloutReports", "write_logs", "Run", "evaluate",
     "EVAL_SEED_OFFSET", "EVAL_NAMES", "evaluation_envs", "run_episodes", "deployed_policy", "OnnxPolicy",
-    "export_policy", "make_env", "parse_args", "print_run_end", "cli",
+    "export_policy", "make_env", "parse_args", "refuse_unused_flags", "print_run_end",
+    "cli",
 )
 SHARED = SHARED_ALGORITHM + PLUMBING
 # Each script's own algorithm, in CleanRL's reading order, above the banner
