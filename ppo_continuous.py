@@ -160,7 +160,7 @@ class Args:
     """iterations between checkpoints (one is always written at the end, on Ctrl-C and on SIGTERM)"""
     resume: str | None = None
     """checkpoint file or run directory to continue (same run directory, step counter and curves; its flags but for
-    --total-timesteps, the devices and the progress bar)"""
+    the length, devices, threads and progress bar)"""
     eval_checkpoint: str | None = None
     """evaluate this checkpoint instead of training"""
     eval_interval: int = 20
@@ -891,17 +891,20 @@ RESUME_MAY_CHANGE = ("total_timesteps", "progress_bar", "torch_threads", "update
 DEVICE_FLAGS = ("cuda", "policy_device", "sim_device")
 
 
+def flags_given(args: Args, ignored: tuple[str, ...]) -> dict:
+    """The flags of `args` away from the script's defaults, but for `ignored`: those given, where the command line
+    parsed against the defaults (it does so from a checkpoint) or a caller built Args with them."""
+    defaults = Args()
+    return {f.name: getattr(args, f.name) for f in fields(Args)
+            if f.name not in ignored and getattr(args, f.name) != getattr(defaults, f.name)}
+
+
 def resumed_args(args: Args, checkpoint: dict) -> Args:
-    """The checkpoint's flags, with those of `args` that a resume may change. A flag counts as given when it differs
-    from the script's default (the command line parses against those when it resumes)."""
-    saved, defaults = args_from_checkpoint(checkpoint), Args()
+    """The checkpoint's flags, with those given in `args` that a resume may change."""
+    saved = args_from_checkpoint(checkpoint)
     not_flags = ("resume", "eval_checkpoint", "export_checkpoint", "world_size", "batch_size", "minibatch_size",
                  "num_iterations")
-    changed = {}
-    for name in (f.name for f in fields(Args) if f.name not in not_flags):
-        value = getattr(args, name)
-        if value != getattr(defaults, name) and value != getattr(saved, name):
-            changed[name] = value
+    changed = {name: value for name, value in flags_given(args, not_flags).items() if value != getattr(saved, name)}
     may_change = ", ".join("--" + name.replace("_", "-") for name in RESUME_MAY_CHANGE)
     for name, value in changed.items():
         if name not in RESUME_MAY_CHANGE + DEVICE_FLAGS:
@@ -1660,12 +1663,11 @@ def parse_args(argv: list[str] | None = None) -> Args:
 
 def refuse_unused_flags(args: Args, mode: str, used: tuple[str, ...]) -> None:
     """Evaluating or exporting a checkpoint reads `used` of the command line and the rest from the checkpoint; any
-    other flag given (away from the script's default) would do nothing, so it is refused rather than ignored."""
-    defaults = Args()
-    for name in (f.name for f in fields(Args) if f.name not in used):
-        if getattr(args, name) != getattr(defaults, name):
-            raise UsageError(f"--{name.replace('_', '-')} does nothing with {mode} (the checkpoint holds the run's "
-                             "flags); leave it out")
+    other flag given would do nothing, so it is refused rather than ignored."""
+    unused = list(flags_given(args, used))
+    if unused:
+        raise UsageError(f"--{unused[0].replace('_', '-')} does nothing with {mode} (the checkpoint holds the run's "
+                         "flags); leave it out")
 
 
 def print_run_end(summary: dict) -> None:
