@@ -18,7 +18,6 @@ only evaluates new checkpoints.
 from __future__ import annotations
 
 import glob
-import importlib
 import json
 import os
 import sys
@@ -34,7 +33,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.eval_curve import evaluate_checkpoints, wall_seconds  # noqa: E402
-from benchmarks.report import script_of  # noqa: E402
+from benchmarks.report import Script, script_of  # noqa: E402
 
 # What the table and the plot show, where the task reports it (the arm's success; the quadruped's tracking and falls).
 METRICS = {"success_rate": "success at the end", "success_once": "success at any step",
@@ -62,8 +61,8 @@ class Args:
 
 
 def script_module(saved_args: dict):
-    """The training script of a run, imported (its evaluate() evaluates a checkpoint)."""
-    return importlib.import_module(script_of(saved_args).removesuffix(".py"))
+    """The training script of a run, imported; its evaluate() evaluates a checkpoint in a child process of its own."""
+    return Script(script_of(saved_args).removesuffix(".py"))
 
 
 def wall_minutes(run_dir: str) -> float:

@@ -12,13 +12,13 @@ task's `info["episode_metrics"]` (Go2Walk-v0: tracking errors and falls); the cu
 the stacking task's stages.
 A run evaluated while it trained (--eval-interval) has its logged eval/* values beside these, at the same steps
 (equal where --eval-episodes was --episodes). Writes a PNG and a Markdown table; the results are kept in the run
-directory (eval_curve_<episodes>.json), so a rerun evaluates only new checkpoints.
+directory (eval_curve_<episodes>.json), so a rerun evaluates only new checkpoints. Each checkpoint is evaluated in a
+child process of its own (benchmarks/report.py's Script: Genesis keeps memory of every scene it destroys).
 """
 
 from __future__ import annotations
 
 import glob
-import importlib
 import json
 import os
 import re
@@ -34,7 +34,7 @@ import tyro  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.report import script_of  # noqa: E402
+from benchmarks.report import Script, script_of  # noqa: E402
 
 # What evaluate() reports besides the task's metrics.
 GENERAL = ("episodes", "mean_return", "std_return", "mean_length", "video")
@@ -114,7 +114,7 @@ def main(args: Args) -> str:
     with open(os.path.join(args.run_dir, "args.json")) as f:
         saved = json.load(f)
     script = args.script or script_of(saved).removesuffix(".py")
-    module = importlib.import_module(script)
+    module = Script(script)  # each evaluation in a child: Genesis keeps memory of every scene it destroys
     stem = args.stem or default_stem(saved["env_id"], script)
     events = EventAccumulator(args.run_dir, size_guidance={"scalars": 0})
     events.Reload()

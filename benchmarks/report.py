@@ -12,9 +12,12 @@ with a band of ± one std, against steps and against wall time. No training happ
 from __future__ import annotations
 
 import glob
+import importlib
 import json
+import multiprocessing
 import os
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import matplotlib
@@ -92,6 +95,37 @@ def script_of(saved_args: dict) -> str:
     if "rnn_type" in saved_args:
         return "ppo_recurrent.py"
     return "ppo_transformer.py" if "context_len" in saved_args else "ppo_continuous.py"
+
+
+def in_child(function, *args, **kwargs):
+    """function(*args, **kwargs) in a fresh child process ("spawn": nothing of this process's torch threads or
+    Genesis carries over), its result or exception returned or raised here. Genesis keeps part of the memory of every
+    scene it destroys (genesis-world#949: ~45 MiB for a FrankaReach-v0 scene of 64 envs, more with more envs), so one
+    process evaluating checkpoints one after another grows until it is killed (eval_curve.py: 24 GB after 32
+    FrankaStackCube-v0 checkpoints of 1024 envs); a child gives it all back as it exits, for a Python start and
+    Genesis's init (seconds: the kernels come from the cache). `function` is a module-level one (pickled by name)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return child.submit(function, *args, **kwargs).result()
+
+
+class Script:
+    """A training script, imported, whose evaluate() runs each time in a child process of its own (`in_child`);
+    the rest (EVAL_NAMES, ...) is the module's own."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.module = importlib.import_module(name)
+
+    def __getattr__(self, attribute: str):
+        return getattr(self.module, attribute)
+
+    def evaluate(self, checkpoint_path: str, **kwargs) -> dict:
+        return in_child(evaluate_with_script, self.name, checkpoint_path, **kwargs)
+
+
+def evaluate_with_script(script: str, checkpoint_path: str, **kwargs) -> dict:
+    """The named script's evaluate() (what a `Script`'s child runs)."""
+    return importlib.import_module(script).evaluate(checkpoint_path, **kwargs)
 
 
 def read_run(path: str) -> Run:

@@ -144,7 +144,7 @@ def as_our_checkpoint(rsl_rl_path: str, seed: int, iteration: int, out_path: str
     saved = torch.load(rsl_rl_path, map_location="cpu", weights_only=False)
     args = ppo_continuous.task_args("FrankaReach-v0", norm_obs=False, norm_reward=False, seed=seed)
     vec = envs.make("FrankaReach-v0", num_envs=1, seed=0, device="cpu", sim_device="cpu")
-    agent, obs_norm = ppo_continuous.build_agent(args, vec, torch.device("cpu"))
+    agent, obs_norm, _ = ppo_continuous.build_agent(args, vec, torch.device("cpu"))
     vec.close()
     actor, critic = saved["actor_state_dict"], saved["critic_state_dict"]
     weights = {f"actor_mean.{k[len('mlp.'):]}": v for k, v in actor.items() if k.startswith("mlp.")}
@@ -156,9 +156,22 @@ def as_our_checkpoint(rsl_rl_path: str, seed: int, iteration: int, out_path: str
                 "iteration": iteration}, out_path)
 
 
-def evaluate_rsl_rl(run_dir: str, seed: int, episodes: int) -> list[dict]:
-    """Each saved model of an rsl_rl run through our evaluate() (cached in the run directory)."""
+def evaluate_rsl_rl_model(rsl_rl_path: str, seed: int, iteration: int, episodes: int) -> dict:
+    """One saved model of an rsl_rl run through our evaluate(), from a temporary converted copy beside it."""
     import ppo_continuous
+
+    converted = os.path.join(os.path.dirname(rsl_rl_path), f"ours_{os.path.basename(rsl_rl_path)}")
+    as_our_checkpoint(rsl_rl_path, seed, iteration, converted)
+    try:
+        return ppo_continuous.evaluate(converted, episodes=episodes, device="cpu", sim_device="cpu")
+    finally:
+        os.remove(converted)
+
+
+def evaluate_rsl_rl(run_dir: str, seed: int, episodes: int) -> list[dict]:
+    """Each saved model of an rsl_rl run through our evaluate(), each in a child process of its own (Genesis keeps
+    memory of every scene it destroys), cached in the run directory."""
+    from benchmarks.report import in_child
 
     with open(os.path.join(run_dir, "wall.json")) as f:
         wall = json.load(f)
@@ -168,10 +181,7 @@ def evaluate_rsl_rl(run_dir: str, seed: int, episodes: int) -> list[dict]:
     for name in sorted(wall, key=lambda n: int(n[len("model_"):-len(".pt")])):
         iteration = int(name[len("model_"):-len(".pt")]) + 1  # rsl_rl saves after iteration `it`, counted from 0
         if name not in cache:
-            converted = os.path.join(run_dir, f"ours_{name}")
-            as_our_checkpoint(os.path.join(run_dir, name), seed, iteration, converted)
-            cache[name] = ppo_continuous.evaluate(converted, episodes=episodes, device="cpu", sim_device="cpu")
-            os.remove(converted)
+            cache[name] = in_child(evaluate_rsl_rl_model, os.path.join(run_dir, name), seed, iteration, episodes)
             with open(cache_path, "w") as f:
                 json.dump(cache, f)
         rows.append(dict(cache[name], step=iteration * NUM_ENVS * NUM_STEPS, wall=wall[name]))
@@ -179,15 +189,16 @@ def evaluate_rsl_rl(run_dir: str, seed: int, episodes: int) -> list[dict]:
 
 
 def evaluate_ours(run_dir: str, episodes: int) -> list[dict]:
-    import ppo_continuous
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from benchmarks.eval_curve import evaluate_checkpoints, wall_seconds
+    from benchmarks.report import Script
 
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     events.Reload()
     wall = wall_seconds(events)
-    return [dict(row, wall=wall[row["step"]]) for row in evaluate_checkpoints(run_dir, ppo_continuous, episodes)]
+    rows = evaluate_checkpoints(run_dir, Script("ppo_continuous"), episodes)
+    return [dict(row, wall=wall[row["step"]]) for row in rows]
 
 
 def summarise(rows: list[dict], target: float) -> dict:

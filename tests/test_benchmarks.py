@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from benchmarks import report
@@ -463,3 +464,74 @@ def test_gpu_sim_check_times_the_scene_inside_the_same_steps_through_envs(capsys
     for row in rows:
         through, alone = (float(cell.replace(",", "")) for cell in row[3:5])
         assert 0 < through < alone
+
+
+def resident_mib() -> float:
+    """This process's resident memory (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_eval_curve_evaluates_each_genesis_checkpoint_in_a_child_so_its_own_memory_stays_flat(tmp_path, monkeypatch):
+    """Bug: eval_curve.py evaluated every checkpoint in its own process, and Genesis keeps memory of every scene it
+    destroys (~45 MiB per FrankaReach-v0 scene of 64 envs): killed by the OOM killer at 24 GB after 32
+    FrankaStackCube-v0 checkpoints. Each evaluation now runs in a child: this process's memory does not grow from one
+    checkpoint to the next, and the child's result is the script's own evaluate() of that checkpoint."""
+    from benchmarks import eval_curve
+    from conftest import run_cli
+
+    done = run_cli("ppo_continuous", "--env-id", "FrankaReach-v0", "--num-envs", "64", "--num-steps", "8",
+                   "--total-timesteps", str(3 * 64 * 8), "--checkpoint-interval", "1", "--exp-name", "curve",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_dir = glob.glob(str(tmp_path / "runs" / "FrankaReach-v0__curve__*"))[0]
+    evaluate, resident = report.Script.evaluate, []
+
+    def measured(self, path, **kwargs):
+        result = evaluate(self, path, **kwargs)
+        resident.append(resident_mib())
+        return result
+
+    monkeypatch.setattr(report.Script, "evaluate", measured)
+    text = eval_curve.main(eval_curve.Args(run_dir=run_dir, episodes=64, out_dir=str(tmp_path / "out")))
+    assert len(resident) == 3 and text.count("\n") == 2 + 3  # three checkpoints evaluated, a row each
+    assert resident[-1] - resident[0] < 30, f"this process grew from checkpoint to checkpoint: {resident} MiB"
+    import ppo_continuous
+
+    cached = json.load(open(os.path.join(run_dir, "eval_curve_64.json")))
+    here = ppo_continuous.evaluate(os.path.join(run_dir, "checkpoint_000002.pt"), episodes=64, device="cpu",
+                                   sim_device="cpu")
+    assert {k: v for k, v in cached["checkpoint_000002.pt"].items() if k != "step"} == here
+
+
+def test_an_rsl_rl_model_converts_to_our_checkpoint_of_the_same_weights_and_evaluates_in_a_child(tmp_path):
+    """Bug: rsl_rl_side_by_side.py's conversion unpacked build_agent's three results into two (a ValueError on every
+    rsl_rl model since the privileged critic), and evaluated every model in its own process (Genesis keeps memory of
+    each scene). The converted checkpoint carries rsl_rl's actor, critic and std; the child evaluates it as our
+    evaluate() does here."""
+    import envs
+    import ppo_continuous
+    from benchmarks.rsl_rl_side_by_side import as_our_checkpoint, evaluate_rsl_rl_model
+
+    args = ppo_continuous.task_args("FrankaReach-v0", norm_obs=False, norm_reward=False, seed=3)
+    vec = envs.make("FrankaReach-v0", num_envs=1, seed=0, device="cpu", sim_device="cpu")
+    agent, _, _ = ppo_continuous.build_agent(args, vec, torch.device("cpu"))
+    vec.close()
+    generator = torch.Generator().manual_seed(0)
+    weights = {k: torch.randn(v.shape, generator=generator) for k, v in agent.state_dict().items()}
+    rsl_rl_model = str(tmp_path / "model_4.pt")  # rsl_rl's names: actor.mlp.*, critic.mlp.*, a std parameter
+    torch.save({"actor_state_dict": {**{f"mlp.{k[len('actor_mean.'):]}": v for k, v in weights.items()
+                                        if k.startswith("actor_mean.")},
+                                     "distribution.std_param": torch.full((7,), 0.3)},
+                "critic_state_dict": {f"mlp.{k[len('critic.'):]}": v for k, v in weights.items()
+                                      if k.startswith("critic.")}}, rsl_rl_model)
+    ours = str(tmp_path / "ours.pt")
+    as_our_checkpoint(rsl_rl_model, 3, 5, ours)
+    model = torch.load(ours, weights_only=True)["model"]
+    for name in weights:
+        if name.startswith(("actor_mean.", "critic.")):
+            torch.testing.assert_close(model[name], weights[name], msg=name)
+    torch.testing.assert_close(model["actor_logstd"], torch.full((1, 7), 0.3).log())
+    in_child = report.in_child(evaluate_rsl_rl_model, rsl_rl_model, 3, 5, 16)
+    assert in_child == ppo_continuous.evaluate(ours, episodes=16, device="cpu", sim_device="cpu")
+    assert sorted(os.listdir(tmp_path)) == ["model_4.pt", "ours.pt"]  # the child's converted copy is gone
