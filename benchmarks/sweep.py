@@ -9,20 +9,22 @@
     # the table and plots of a study, without training:
     python benchmarks/sweep.py --report-only --study-name pendulum --storage ...
 
-Everything after `--` is the script's own command line (the task and every fixed flag, as the script reads
-them); each trial draws the --space parameters on top of it and trains every --seeds seed in this process with the
-script's `train()`. The objective is the mean over seeds of the last --last-n training episodes' returns, or of the
-eval success rate (--objective success, --eval-episodes with mean actions). Each iteration reports the recent
-return to Optuna's pruner (median pruning), so hopeless trials stop early. A worker runs trials until the study has
---trials finished ones; a worker that is killed leaves its trial "running" until its heartbeat is stale, then the
-next worker marks it failed and runs its parameters again. The report (results.md, plots) goes to
-runs/sweeps/<study>/ and ends with the best trial's command line, to rerun it as is.
+Everything after `--` is the script's own command line (the task and every fixed flag, as the script reads them);
+each trial draws the --space parameters on top of it and trains every --seeds seed with the script's `train()`, in a
+child process of the worker's, one per trial (Genesis keeps memory of every scene it destroys). The objective is the
+mean over seeds of the last --last-n training episodes' returns, or of the eval success rate (--objective success,
+--eval-episodes with mean actions). Each iteration reports the recent return to Optuna's pruner (median pruning), so
+hopeless trials stop early. A worker runs trials until the study has --trials finished ones; a worker that is killed
+leaves its trial "running" until its heartbeat is stale, then the next worker marks it failed and runs its
+parameters again. The report (results.md, plots) goes to runs/sweeps/<study>/ and ends with the best trial's command
+line, to rerun it as is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import json
 import math
 import multiprocessing
@@ -68,7 +70,7 @@ class SweepArgs:
     storage: str = "sqlite:///runs/sweeps.db"
     """any database URL Optuna accepts: SQLite for one machine, PostgreSQL or MySQL for many"""
     sampler_seed: int | None = None
-    """seed of the TPE sampler (each worker adds its index)"""
+    """seed of the TPE sampler (each worker adds its index, and 1000 for each trial it ran before)"""
     prune: bool = True
     """stop trials whose recent return is below the median of earlier trials at the same step (Optuna's MedianPruner)"""
     report_only: bool = False
@@ -133,7 +135,7 @@ def command_line(script: str, script_argv: list[str], params: dict, seed: int) -
     return shlex.join(["python", f"{script}.py", *script_argv, *flags, f"--seed={seed}"])
 
 
-def open_study(sweep: SweepArgs, worker: int = 0, create: bool = True):
+def open_study(sweep: SweepArgs, worker: int = 0, create: bool = True, trial_index: int = 0):
     import optuna
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
@@ -145,7 +147,7 @@ def open_study(sweep: SweepArgs, worker: int = 0, create: bool = True):
     # A worker's heartbeat every 30 s; a trial silent for 120 s is failed by the next worker and retried once.
     storage = RDBStorage(sweep.storage, engine_kwargs=engine, heartbeat_interval=30, grace_period=120,
                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
-    seed = None if sweep.sampler_seed is None else sweep.sampler_seed + worker
+    seed = None if sweep.sampler_seed is None else sweep.sampler_seed + worker + 1000 * trial_index
     pruner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0) if sweep.prune else optuna.pruners.NopPruner()
     if not create:
         return optuna.load_study(study_name=sweep.study_name, storage=storage)
@@ -172,6 +174,7 @@ def make_objective(sweep: SweepArgs, space: dict, script_argv: list[str]):
     def objective(trial) -> float:
         params = suggest(trial, space)
         trial.set_user_attr("command", command_line(sweep.script, script_argv, params, sweep.seeds[0]))
+        trial.set_user_attr("pid", os.getpid())  # the process that ran it (each trial has one of its own)
         scores, steps_before = [], 0
         for seed in sweep.seeds:
             args = dataclasses.replace(base, **params, seed=seed, progress_bar=False,
@@ -203,16 +206,30 @@ def make_objective(sweep: SweepArgs, space: dict, script_argv: list[str]):
 
 
 def run_worker(sweep: SweepArgs, space: dict, script_argv: list[str], worker: int) -> None:
+    """Runs trials until the study has --trials finished ones, each trial in a child process of its own: Genesis
+    keeps memory of every scene it destroys (benchmarks/report.py's `in_child`), so one process training trial
+    after trial on a Genesis task would grow until killed."""
     import optuna
-    from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
+
+    from benchmarks.report import in_child
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(sweep, worker)
-    if len(study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))) >= sweep.trials:
-        return
-    study.optimize(make_objective(sweep, space, script_argv), n_trials=sweep.trials, gc_after_trial=True,
-                   callbacks=[MaxTrialsCallback(sweep.trials, states=(TrialState.COMPLETE, TrialState.PRUNED))])
+    for trial_index in itertools.count():
+        if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))) >= sweep.trials:
+            return
+        in_child(run_trial, sweep, space, script_argv, worker, trial_index)
+
+
+def run_trial(sweep: SweepArgs, space: dict, script_argv: list[str], worker: int, trial_index: int) -> None:
+    """One trial of the study (what a worker's child runs), its sampler seeded apart from the worker's other
+    trials' (the same seed would draw the same startup parameters again)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = open_study(sweep, worker, trial_index=trial_index)
+    study.optimize(make_objective(sweep, space, script_argv), n_trials=1)
 
 
 def write_report(sweep: SweepArgs) -> str:

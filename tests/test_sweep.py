@@ -22,6 +22,8 @@ def sweep(*flags, cwd) -> subprocess.CompletedProcess:
 
 
 def test_two_workers_share_one_sqlite_study_without_duplicates_and_the_best_command_reruns(tmp_path):
+    """Bugs: workers racing for trial numbers or drawing the same parameters; a worker training its trials one after
+    another in one process (Genesis keeps memory of every scene it destroys: a Genesis sweep grows until killed)."""
     done = sweep("--trials", "6", "--workers", "2", "--sampler-seed", "0", "--last-n", "5", "--no-prune",
                  "--space", "learning_rate=log:1e-4:3e-3", "--space", "num-minibatches=choice:2,4", "--", *TINY,
                  cwd=tmp_path)
@@ -32,6 +34,9 @@ def test_two_workers_share_one_sqlite_study_without_duplicates_and_the_best_comm
     numbers = [number for _, number, _ in trials]
     assert len(numbers) == len(set(numbers)) >= 6  # both workers drew trial numbers from the one study
     assert all(state == "COMPLETE" for *_, state in trials)
+    with sqlite3.connect(tmp_path / "runs" / "sweeps.db") as db:
+        pids = db.execute("SELECT value_json FROM trial_user_attributes WHERE key = 'pid'").fetchall()
+    assert len(set(pids)) == len(pids) == len(trials)  # each trial in a process of its own: Genesis keeps memory
     drawn = {}
     for trial_id, name, value in params:
         drawn.setdefault(trial_id, {})[name] = value
