@@ -16,6 +16,8 @@ import importlib
 import json
 import multiprocessing
 import os
+import threading
+import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -104,8 +106,21 @@ def in_child(function, *args, **kwargs):
     process evaluating checkpoints one after another grows until it is killed (eval_curve.py: 24 GB after 32
     FrankaStackCube-v0 checkpoints of 1024 envs); a child gives it all back as it exits, for a Python start and
     Genesis's init (seconds: the kernels come from the cache). `function` is a module-level one (pickled by name)."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as child:
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=exit_with_parent, initargs=(os.getpid(),)) as child:
         return child.submit(function, *args, **kwargs).result()
+
+
+def exit_with_parent(parent: int) -> None:
+    """Run first in each child: ends it within a second of its parent's end. A parent killed by a signal runs no
+    cleanup, and its child would run on, then wait for more work forever, holding its memory."""
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 class Script:

@@ -5,6 +5,7 @@ import dataclasses
 import glob
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -535,3 +536,44 @@ def test_an_rsl_rl_model_converts_to_our_checkpoint_of_the_same_weights_and_eval
     in_child = report.in_child(evaluate_rsl_rl_model, rsl_rl_model, 3, 5, 16)
     assert in_child == ppo_continuous.evaluate(ours, episodes=16, device="cpu", sim_device="cpu")
     assert sorted(os.listdir(tmp_path)) == ["model_4.pt", "ours.pt"]  # the child's converted copy is gone
+
+
+def test_a_child_evaluation_ends_with_its_parent_killed_by_a_signal(tmp_path):
+    """Bug: an evaluation tool killed by SIGTERM or SIGKILL (no cleanup runs) left its child running on, then waiting
+    for work forever with its memory (1.2 GB after a FrankaReach-v0 evaluation)."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO, wait_until
+
+    parent = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
+                               "from benchmarks.report import in_child; in_child(time.sleep, 600)", REPO],
+                              cwd=tmp_path, start_new_session=True)
+
+    def running(pid: int) -> bool:  # a process that ended but was not reaped yet is a zombie ("Z")
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    def child() -> int | None:  # the sleeping child (the other one is multiprocessing's resource tracker)
+        with open(f"/proc/{parent.pid}/task/{parent.pid}/children") as f:
+            for pid in map(int, f.read().split()):
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    if b"spawn_main" in cmdline.read():
+                        return pid
+        return None
+
+    try:
+        pid = wait_until(child, "the child starts", process=parent)
+        time.sleep(5)  # the child is in time.sleep(600) by now, or soon
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        wait_until(lambda: not running(pid), "the child ends after its parent was killed", timeout=60)
+    finally:
+        try:
+            os.killpg(parent.pid, signal.SIGKILL)  # whatever is left of the test's process group
+        except ProcessLookupError:
+            pass
