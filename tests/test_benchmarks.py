@@ -474,10 +474,11 @@ def resident_mib() -> float:
 
 
 def test_eval_curve_evaluates_each_genesis_checkpoint_in_a_child_so_its_own_memory_stays_flat(tmp_path, monkeypatch):
-    """Bug: eval_curve.py evaluated every checkpoint in its own process, and Genesis keeps memory of every scene it
-    destroys (~45 MiB per FrankaReach-v0 scene of 64 envs): killed by the OOM killer at 24 GB after 32
-    FrankaStackCube-v0 checkpoints. Each evaluation now runs in a child: this process's memory does not grow from one
-    checkpoint to the next, and the child's result is the script's own evaluate() of that checkpoint."""
+    """Bug: eval_curve.py evaluated every checkpoint in the tool's own process, and Genesis keeps memory of every scene
+    it destroys (~45 MiB per FrankaReach-v0 scene of 64 envs): killed by the OOM killer at 24 GB after 32
+    FrankaStackCube-v0 checkpoints. Each evaluation now runs in a child: this process's memory does not grow
+    from one checkpoint to the next, and the child's result is the script's own evaluate() of that checkpoint.
+    """
     from benchmarks import eval_curve
     from conftest import run_cli
 
@@ -505,14 +506,15 @@ def test_eval_curve_evaluates_each_genesis_checkpoint_in_a_child_so_its_own_memo
     assert {k: v for k, v in cached["checkpoint_000002.pt"].items() if k != "step"} == here
 
 
-def test_an_rsl_rl_model_converts_to_our_checkpoint_of_the_same_weights_and_evaluates_in_a_child(tmp_path):
+def test_an_rsl_rl_model_converts_to_our_checkpoint_of_the_same_weights_and_evaluates_in_a_child(tmp_path,
+                                                                                                 monkeypatch):
     """Bug: rsl_rl_side_by_side.py's conversion unpacked build_agent's three results into two (a ValueError on every
     rsl_rl model since the privileged critic), and evaluated every model in its own process (Genesis keeps memory of
     each scene). The converted checkpoint carries rsl_rl's actor, critic and std; the child evaluates it as our
     evaluate() does here."""
     import envs
     import ppo_continuous
-    from benchmarks.rsl_rl_side_by_side import as_our_checkpoint, evaluate_rsl_rl_model
+    from benchmarks.rsl_rl_side_by_side import as_our_checkpoint, evaluate_rsl_rl, evaluate_rsl_rl_model
 
     args = ppo_continuous.task_args("FrankaReach-v0", norm_obs=False, norm_reward=False, seed=3)
     vec = envs.make("FrankaReach-v0", num_envs=1, seed=0, device="cpu", sim_device="cpu")
@@ -533,9 +535,21 @@ def test_an_rsl_rl_model_converts_to_our_checkpoint_of_the_same_weights_and_eval
         if name.startswith(("actor_mean.", "critic.")):
             torch.testing.assert_close(model[name], weights[name], msg=name)
     torch.testing.assert_close(model["actor_logstd"], torch.full((1, 7), 0.3).log())
-    in_child = report.in_child(evaluate_rsl_rl_model, rsl_rl_model, 3, 5, 16)
+    with open(tmp_path / "wall.json", "w") as f:
+        json.dump({"model_4.pt": 60.0}, f)
+    children = []
+
+    def recorded_in_child(function, *args):
+        children.append(function)
+        return in_child_of_report(function, *args)
+
+    in_child_of_report = report.in_child
+    monkeypatch.setattr(report, "in_child", recorded_in_child)
+    (row,) = evaluate_rsl_rl(str(tmp_path), 3, 16)
+    assert children == [evaluate_rsl_rl_model]  # the model was evaluated in a child
+    in_child = {k: v for k, v in row.items() if k not in ("step", "wall")}
     assert in_child == ppo_continuous.evaluate(ours, episodes=16, device="cpu", sim_device="cpu")
-    assert sorted(os.listdir(tmp_path)) == ["model_4.pt", "ours.pt"]  # the child's converted copy is gone
+    assert "ours_model_4.pt" not in os.listdir(tmp_path)  # the child's converted copy is gone
 
 
 def test_a_child_evaluation_ends_with_its_parent_killed_by_a_signal(tmp_path):
