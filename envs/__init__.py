@@ -15,6 +15,9 @@ hidden) and `Go2WalkNoVelAll-v0` (joint velocities too) (`envs.go2`), the same o
 curriculum, `Go2Rough-v0` (a height scan) and `Go2RoughBlind-v0` (none) (`envs.go2_rough`), and the memory task `MemoryCue-v0`
 (`envs.memory`). Importing this package registers them with Gymnasium.
 
+A long-lived process that builds many Genesis scenes calls `envs.release_genesis()` once its envs are closed: Genesis
+keeps the native memory of destroyed scenes until it is itself destroyed.
+
 Nothing here knows about PPO: observation/reward normalisation and action clipping belong to the scripts.
 """
 
@@ -27,10 +30,11 @@ import gymnasium as gym
 import torch
 
 from envs.core import MAX_ABS_VALUE, EpisodeTracker, GymnasiumVecEnv, torch_device
+from envs.genesis import release_genesis
 from envs.memory import register as register_memory_tasks
 from envs.partial import register_variants
 
-__all__ = ["make", "EpisodeTracker", "GymnasiumVecEnv", "MAX_ABS_VALUE", "UnknownTaskError"]
+__all__ = ["make", "EpisodeTracker", "GymnasiumVecEnv", "MAX_ABS_VALUE", "UnknownTaskError", "release_genesis"]
 
 
 class UnknownTaskError(ValueError):
