@@ -559,6 +559,15 @@ class ObsNormalizer(RunningMeanStd):
             return obs
         return ((obs - self.shift) * self.scale).clamp(-10.0, 10.0)
 
+    @torch.no_grad()
+    def clipped_share(self, normalised: torch.Tensor) -> torch.Tensor:
+        """The largest share of one feature's entries at the clip, over these normalised observations (..., features).
+        A feature that hardly varied so far (a cube resting on the table) saturates once it moves by 10 of its
+        standard deviations: the networks then cannot tell how far it moved. 0 with normalisation off."""
+        if not self.enabled:
+            return normalised.new_zeros(())
+        return (normalised.abs() >= 10.0).flatten(0, -2).float().mean(0).max()
+
 
 class RewardScaler(nn.Module):
     """Divides rewards by the running std of each env's discounted return (as Gymnasium's NormalizeReward,
@@ -680,11 +689,11 @@ def compute_advantages(agent: Agent, rollout: RolloutBuffers, next_obs: torch.Te
 
 
 @torch.no_grad()
-def iteration_scalars(agent: Agent, update_stats: dict, rollout: RolloutBuffers, advantages: torch.Tensor,
-                      returns: torch.Tensor, env_reports: dict) -> dict:
+def iteration_scalars(agent: Agent, update_stats: dict, rollout: RolloutBuffers, obs_norm: ObsNormalizer,
+                      advantages: torch.Tensor, returns: torch.Tensor, env_reports: dict) -> dict:
     """What shows a failing run (docs/design.md §4), nothing derivable: the update's losses and diagnostics, the
-    value function's fit, the policy's noise, the rollout's values and advantages, the envs' reports. Tensors,
-    sent to the host in one transfer."""
+    value function's fit, the policy's noise, the rollout's values, advantages and saturated observations, the envs'
+    reports. Tensors, sent to the host in one transfer."""
     values, advantages, returns = rollout.values.flatten(), advantages.flatten(), returns.flatten()
     var_returns = returns.var()
     return {
@@ -694,6 +703,7 @@ def iteration_scalars(agent: Agent, update_stats: dict, rollout: RolloutBuffers,
         "values/mean": values.mean(), "values/std": values.std(),
         "values/returns_variance": var_returns,
         "advantages/mean": advantages.mean(), "advantages/std": advantages.std(), **env_reports,
+        "debug/obs_clipped_share": obs_norm.clipped_share(rollout.obs),
     }
 
 
@@ -771,7 +781,7 @@ def train(args: Args, on_iteration=None) -> dict:
             # Stop after the iteration where a signal had reached any process when they exchanged reports; one
             # arriving during or after the exchange stays in stop.signum for the next (not overwritten by None).
             merged, ended_returns, ended_lengths, stopping = reports.merged(run.stop.signum)
-            scalars = iteration_scalars(agent, update_stats, rollout, advantages, returns, merged)
+            scalars = iteration_scalars(agent, update_stats, rollout, obs_norm, advantages, returns, merged)
             run.log(iteration, global_step, scalars, ended_returns, ended_lengths, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"], "time/rollout_s": rollout_time,
                 "charts/update_epochs_done": epochs_done, "time/update_s": update_time,

@@ -20,7 +20,8 @@ from torch.distributions import AffineTransform, Normal, TanhTransform, Transfor
 
 import envs
 from conftest import (
-    REPO, VARIANTS, run_cli, episode_schedule, metrics_without_timing, naive_gae, script_named, use_scripted_env,
+    REPO, VARIANTS, ScriptedEnv, run_cli, episode_schedule, metrics_without_timing, naive_gae, script_named,
+    use_scripted_env,
 )
 
 
@@ -872,6 +873,36 @@ def test_a_task_metric_is_averaged_over_the_episodes_it_applies_to(variant, monk
     result = variant.module.evaluate(summary["checkpoint"], episodes=9, device="cpu")
     assert result["env_index"] == pytest.approx(4.0)  # one episode of each of envs 0-8
     assert result["on_even_envs"] == pytest.approx(4.0) and "on_no_env" not in result  # of envs 0, 2, 4, 6, 8
+
+
+class FlatThenMovingEnv(ScriptedEnv):
+    """The scripted env with observation entry 1 at 0 up to global step 16, then at 1: a feature that never moved
+    while the normaliser's statistics were gathered (a cube resting on the table), and then moves."""
+
+    def _obs(self):
+        obs = super()._obs()
+        obs[:, 1] = float(self.k > 16)
+        return obs
+
+
+@pytest.mark.parametrize("norm_obs", [True, False], ids=["normalised", "raw"])
+def test_a_saturated_observation_feature_is_logged_as_clipped(script, norm_obs, monkeypatch, in_tmp):
+    """Bug: a feature that barely varied while the normaliser's statistics were gathered sits at the +-10 clip once
+    it moves, and the networks cannot tell how far: nothing in the logs said so. `debug/obs_clipped_share` is the
+    largest share of one feature's rollout entries at the clip: here the statistics stop after the first rollout
+    (3 envs x 17 observations, entry 1 always 0), entry 1 is 1 from the second rollout's second step on. Raw
+    observations (--no-norm-obs) are never clipped, however large (entry 0 reaches 247)."""
+    made = []
+
+    def make(env_id, num_envs, seed, device, **kwargs):
+        made.append(FlatThenMovingEnv(num_envs, episode_schedule(4096, num_envs, 16)[:, :num_envs], device))
+        return made[-1]
+
+    monkeypatch.setattr(script.module.envs, "make", make)
+    args = script.args(**LOOP_OVERRIDES[script.name], norm_obs=norm_obs, norm_obs_until=3 * 17)
+    history = script.module.train(args)["history"]
+    expected = [0.0, 15 / 16, 1.0] if norm_obs else [0.0, 0.0, 0.0]
+    assert [h["debug/obs_clipped_share"] for h in history] == pytest.approx(expected)
 
 
 def test_quadruped_trains_and_logs_and_evaluates_the_task_metrics(script, in_tmp):
