@@ -70,8 +70,8 @@ def init_genesis(sim_device: str) -> str:
 def release_genesis() -> None:
     """Destroys Genesis in this process, if it was initialised: the only way to free the native memory of the scenes
     it built, which it keeps after each scene is destroyed (genesis-world#949; measured here: ~45 MiB per 64-env
-    FrankaReach-v0 scene, ~250 MiB per 512-env one). Close every env first: one left open cannot step again. The next
-    env initialises Genesis again (about 5 s from the kernel cache on 2 CPU cores)."""
+    FrankaReach-v0 scene, 230-330 MiB per 512-env one). Close every env first: one left open cannot step again.
+    The next env initialises Genesis again (about 5 s from the kernel cache on 2 CPU cores)."""
     global _genesis_backend
     gs = sys.modules.get("genesis")
     if gs is not None and gs._initialized:
