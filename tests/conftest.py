@@ -531,12 +531,13 @@ def episode_schedule(steps: int, num_envs: int, rollout: int, seed: int = 0) -> 
 
 
 def use_scripted_env(monkeypatch, module, ends: torch.Tensor, action_bound: float = 0.5,
-                     critic: bool = False, metrics: bool = False) -> list[ScriptedEnv]:
-    """Makes `module`'s envs.make return ScriptedEnvs; returns the list they are appended to."""
+                     critic: bool = False, metrics: bool = False, env_class=None) -> list[ScriptedEnv]:
+    """Makes `module`'s envs.make return ScriptedEnvs (or `env_class`'s, a subclass); returns the list they are
+    appended to."""
     made: list[ScriptedEnv] = []
 
     def make(env_id, num_envs, seed, device, **kwargs):
-        made.append(ScriptedEnv(num_envs, ends[:, :num_envs], device, action_bound, critic, metrics))
+        made.append((env_class or ScriptedEnv)(num_envs, ends[:, :num_envs], device, action_bound, critic, metrics))
         return made[-1]
 
     monkeypatch.setattr(module.envs, "make", make)

@@ -892,13 +892,7 @@ def test_a_saturated_observation_feature_is_logged_as_clipped(script, norm_obs, 
     largest share of one feature's rollout entries at the clip: here the statistics stop after the first rollout
     (3 envs x 17 observations, entry 1 always 0), entry 1 is 1 from the second rollout's second step on. Raw
     observations (--no-norm-obs) are never clipped, however large (entry 0 reaches 247)."""
-    made = []
-
-    def make(env_id, num_envs, seed, device, **kwargs):
-        made.append(FlatThenMovingEnv(num_envs, episode_schedule(4096, num_envs, 16)[:, :num_envs], device))
-        return made[-1]
-
-    monkeypatch.setattr(script.module.envs, "make", make)
+    use_scripted_env(monkeypatch, script.module, episode_schedule(4096, 9, 16), env_class=FlatThenMovingEnv)
     args = script.args(**LOOP_OVERRIDES[script.name], norm_obs=norm_obs, norm_obs_until=3 * 17)
     history = script.module.train(args)["history"]
     expected = [0.0, 15 / 16, 1.0] if norm_obs else [0.0, 0.0, 0.0]
