@@ -1027,7 +1027,8 @@ def compute_advantages(agent: TransformerAgent, rollout: RolloutBuffers, next_ob
 
 @torch.no_grad()
 def iteration_scalars(agent: TransformerAgent, update_stats: dict, rollout: RolloutBuffers, obs_norm: ObsNormalizer,
-                      advantages: torch.Tensor, returns: torch.Tensor, env_reports: dict) -> dict:
+                      critic_norm: ObsNormalizer | None, advantages: torch.Tensor, returns: torch.Tensor,
+                      env_reports: dict) -> dict:
     """What shows a failing run (docs/design.md §4), nothing derivable: the update's losses and diagnostics, the
     value function's fit, the policy's noise and attention, the rollout's values, advantages and saturated
     observations, the envs' reports. Tensors, sent to the host in one transfer."""
@@ -1046,6 +1047,8 @@ def iteration_scalars(agent: TransformerAgent, update_stats: dict, rollout: Roll
         "advantages/mean": advantages.mean(), "advantages/std": advantages.std(), **env_reports,
         "debug/obs_clipped_share": obs_norm.clipped_share(rollout.obs),
     }
+    if critic_norm is not None:  # --privileged-critic: its own observations, normalised apart
+        scalars["debug/critic_obs_clipped_share"] = critic_norm.clipped_share(rollout.critic_obs)
     for layer, entropy in enumerate(diagnostics["attention_entropy"]):
         scalars.update({f"attention/entropy_layer{layer}_head{h}": e for h, e in enumerate(entropy)})
     for i, ratio in enumerate(diagnostics["residual_ratio"]):
@@ -1135,7 +1138,8 @@ def train(args: Args, on_iteration=None) -> dict:
             # Stop after the iteration where a signal had reached any process when they exchanged reports; one
             # arriving during or after the exchange stays in stop.signum for the next (not overwritten by None).
             merged, ended_returns, ended_lengths, stopping = reports.merged(run.stop.signum)
-            scalars = iteration_scalars(agent, update_stats, rollout, obs_norm, advantages, returns, merged)
+            scalars = iteration_scalars(agent, update_stats, rollout, obs_norm, critic_norm, advantages, returns,
+                                        merged)
             run.log(iteration, global_step, scalars, ended_returns, ended_lengths, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"], "time/rollout_s": rollout_time,
                 "charts/update_epochs_done": epochs_done, "time/update_s": update_time,

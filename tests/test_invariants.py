@@ -877,12 +877,18 @@ def test_a_task_metric_is_averaged_over_the_episodes_it_applies_to(variant, monk
 
 class FlatThenMovingEnv(ScriptedEnv):
     """The scripted env with observation entry 1 at 0 up to global step 16, then at 1: a feature that never moved
-    while the normaliser's statistics were gathered (a cube resting on the table), and then moves."""
+    while the normaliser's statistics were gathered (a cube resting on the table), and then moves. The critic's
+    observation (entry 0 as the scripted env's) has its entry 1 move later, from global step 33."""
 
     def _obs(self):
         obs = super()._obs()
         obs[:, 1] = float(self.k > 16)
         return obs
+
+    @staticmethod
+    def critic_of(obs):
+        step = obs[..., 0].floor() % 100  # the global step (a final observation adds 0.5 to entry 0)
+        return torch.stack([3 - 0.01 * obs[..., 0], (step > 32).float()], -1)
 
 
 @pytest.mark.parametrize("norm_obs", [True, False], ids=["normalised", "raw"])
@@ -890,13 +896,16 @@ def test_a_saturated_observation_feature_is_logged_as_clipped(script, norm_obs, 
     """Bug: a feature that barely varied while the normaliser's statistics were gathered sits at the +-10 clip once
     it moves, and the networks cannot tell how far: nothing in the logs said so. `debug/obs_clipped_share` is the
     largest share of one feature's rollout entries at the clip: here the statistics stop after the first rollout
-    (3 envs x 17 observations, entry 1 always 0), entry 1 is 1 from the second rollout's second step on. Raw
-    observations (--no-norm-obs) are never clipped, however large (entry 0 reaches 247)."""
-    use_scripted_env(monkeypatch, script.module, episode_schedule(4096, 9, 16), env_class=FlatThenMovingEnv)
-    args = script.args(**LOOP_OVERRIDES[script.name], norm_obs=norm_obs, norm_obs_until=3 * 17)
+    (3 envs x 17 observations, entry 1 always 0), entry 1 is 1 from the second rollout's second step on. The
+    privileged critic's own observations, normalised apart, have theirs (`debug/critic_obs_clipped_share`): its entry
+    1 moves a rollout later. Raw observations (--no-norm-obs) are never clipped, however large (entry 0 reaches 247)."""
+    use_scripted_env(monkeypatch, script.module, episode_schedule(4096, 9, 16), critic=True,
+                     env_class=FlatThenMovingEnv)
+    args = script.args(**LOOP_OVERRIDES[script.name], norm_obs=norm_obs, norm_obs_until=3 * 17, privileged_critic=True)
     history = script.module.train(args)["history"]
-    expected = [0.0, 15 / 16, 1.0] if norm_obs else [0.0, 0.0, 0.0]
-    assert [h["debug/obs_clipped_share"] for h in history] == pytest.approx(expected)
+    policy, critic = ([0.0, 15 / 16, 1.0], [0.0, 0.0, 15 / 16]) if norm_obs else ([0.0] * 3, [0.0] * 3)
+    assert [h["debug/obs_clipped_share"] for h in history] == pytest.approx(policy)
+    assert [h["debug/critic_obs_clipped_share"] for h in history] == pytest.approx(critic)
 
 
 def test_quadruped_trains_and_logs_and_evaluates_the_task_metrics(script, in_tmp):
