@@ -48,6 +48,7 @@ LABELS = {
     "reached_stacked": ("episodes that put A on B", None, "episode_metrics/reached_stacked"),
     "closest_to_b": ("A's nearest approach to\nthe top of B (m)", None, "episode_metrics/closest_to_b"),
     "lift": ("how high A rose above\nits resting height (m)", None, "episode_metrics/lift"),
+    "released_on_b": ("episodes that opened\nthe gripper with A on B", None, "episode_metrics/released_on_b"),
     "fell": ("fall rate", 0.05, "episode_metrics/fell"),
     "lin_vel_error": ("linear-velocity tracking error (m/s)", 0.1, "episode_metrics/lin_vel_error"),
     "ang_vel_error": ("yaw-rate tracking error (rad/s)", None, "episode_metrics/ang_vel_error"),
@@ -129,7 +130,7 @@ def main(args: Args) -> str:
               for metric, tag in eval_tag.items() if tag in tags}  # --eval-interval's logs
     if "success_rate" in rows[0]:  # the cube tasks also report success at any step of an episode (and stacking, stages)
         metrics = [k for k in ("success_rate", "success_once", "stage", "reached_grasped", "reached_stacked",
-                               "closest_to_b", "lift") if k in rows[0]]
+                               "closest_to_b", "lift", "released_on_b") if k in rows[0]]
     else:
         metrics = [k for k in rows[0] if k in LABELS]
 

@@ -416,10 +416,11 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
     grasped: 4 + closeness of A to the point on top of B; A on B: 6 + (gripper opening + A's stillness) / 2;
     solved: 8. `info["episode_metrics"]`: `stage`, the highest stage an episode reached (STACK_STAGES: 0-3), and
     `reached_grasped`, `reached_stacked` (that stage or a higher one), `closest_to_b` (the nearest A came to the spot
-    on top of B, m), `lift` (the highest A rose above where it rests on the table, m: 0.04 to go over B), beside
-    `success_once`."""
+    on top of B, m), `lift` (the highest A rose above where it rests on the table, m: 0.04 to go over B),
+    `released_on_b` (whether the gripper was commanded open at a step with A on B: 0 where a policy holds A on B to
+    the end and never tries to let go), beside `success_once`."""
 
-    STATE = (*FrankaCubeVecEnv.STATE, "best_stage", "closest_to_b", "lift")
+    STATE = (*FrankaCubeVecEnv.STATE, "best_stage", "closest_to_b", "lift", "released_on_b")
 
     def __init__(
         self,
@@ -484,6 +485,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         self.best_stage = torch.zeros(num_envs, dtype=torch.int64, device=sim)
         self.closest_to_b = torch.zeros(num_envs, device=sim)  # A's nearest approach to the spot on top of B (m)
         self.lift = torch.zeros(num_envs, device=sim)  # the highest A's centre rose above its resting height (m)
+        self.released_on_b = torch.zeros(num_envs, dtype=torch.bool, device=sim)  # opened the gripper with A on B
         if randomise_dynamics:
             self._randomise_dynamics({"cube_mass": cube_mass_range, "cube_b_mass": cube_mass_range,
                                       "cube_friction": cube_friction_range, "cube_b_friction": cube_friction_range,
@@ -525,6 +527,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         self.best_stage.index_fill_(0, envs_idx, 0)
         self.closest_to_b.index_fill_(0, envs_idx, float("inf"))
         self.lift.index_fill_(0, envs_idx, 0.0)
+        self.released_on_b.index_fill_(0, envs_idx, False)
         self._draw_dynamics(envs_idx)
 
     def state_dict(self) -> dict:
@@ -568,6 +571,8 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         self.best_stage = torch.maximum(self.best_stage, stage)
         self.closest_to_b = torch.minimum(self.closest_to_b, self.cube_to_goal.norm(dim=-1))
         self.lift = torch.maximum(self.lift, self.cube_pos[:, 2] - CUBE_HALF_SIZE)
+        # Opening: the gripper action that stops squeezing A (the grasp test's `closing`, negated).
+        self.released_on_b |= (stage >= 2) & (self.prev_action[:, NUM_ARM_JOINTS] >= 0.0)
         # Each stage's reward is the one below at its top plus what the stage itself pays (ManiSkill3's values).
         opening = torch.where(self.grasped, self.fingers.sum(-1) / (2 * FINGERS_OPEN), 1.0)
         stillness = 1.0 - torch.tanh(10.0 * self.cube_vel.norm(dim=-1) + self.cube_ang.norm(dim=-1))
@@ -591,5 +596,6 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         info["episode_metrics"].update(stage=self.best_stage * ended_f,  # 0-3, and whether it got that far:
                                        reached_grasped=(self.best_stage >= 1) * ended_f,
                                        reached_stacked=(self.best_stage >= 2) * ended_f,
-                                       closest_to_b=self.closest_to_b * ended_f, lift=self.lift * ended_f)
+                                       closest_to_b=self.closest_to_b * ended_f, lift=self.lift * ended_f,
+                                       released_on_b=self.released_on_b * ended_f)
         return info

@@ -456,7 +456,7 @@ def hold_a_on_b(stack, envs_idx):
 def test_stack_success_needs_a_on_b_still_and_released(scenes):
     """Bugs: success counted while A is still held (the robot must let go), with A beside B, or A moving; the stage
     not the highest condition met; the episode's stage metrics forgetting a stage reached earlier (or A's nearest
-    approach to B or its highest point forgotten when A is knocked off)."""
+    approach to B, its highest point or the gripper opened on B forgotten when A is knocked off)."""
     stack = scenes["FrankaStackCube-v0"]
     stack.reset(seed=32)
     hold_a_on_b(stack, torch.tensor([0, 1]))
@@ -490,6 +490,10 @@ def test_stack_success_needs_a_on_b_still_and_released(scenes):
     lift = metrics["lift"]  # how high A rose: onto B (its centre 4 cm up) for 0-2, resting for 3
     assert (lift[:3] > 0.035).all() and lift[3].abs() < 0.005
     assert (stack.lift == 0).all()  # the episodes that started on the last step start from nothing
+    # The gripper opened with A on B: env 0 let go, env 2 opened (the arm far off); env 1 squeezed to the end, env 3's
+    # A never reached B.
+    assert metrics["released_on_b"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert not stack.released_on_b.any()
 
 
 def test_stack_reward_is_maniskills_staged_reward_normalised_and_its_terms_add_up(scenes):
@@ -551,4 +555,5 @@ def test_a_scripted_stack_climbs_every_stage_and_is_solved(scenes):
     assert truncated.all() and info["success"].all()
     assert info["episode_metrics"]["stage"].tolist() == [3.0] * 4
     assert (info["episode_metrics"]["lift"] > 0.04).all()  # carried 8 cm over B's top
+    assert info["episode_metrics"]["released_on_b"].tolist() == [1.0] * 4
     assert best_reward[0] < best_reward[1] < best_reward[2] < best_reward[3] <= 1.0
