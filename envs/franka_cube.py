@@ -411,7 +411,8 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
     """`num_envs` Pandas stacking cube A (red) on cube B (green), as ManiSkill3's StackCube-v1.
 
     Solved when A rests on B (centres within the cubes' half-diagonal + 5 mm in the plane, A's bottom within 5 mm of
-    B's top), A is still (under 1 cm/s and 0.5 rad/s) and released (not grasped). ManiSkill3's staged dense reward,
+    B's top), A is still (under 1 cm/s and 0.5 rad/s) and released: not held, the gripper opening or neither finger
+    touching A (`held`: the gripper closing with A grasped or touching a finger). ManiSkill3's staged dense reward,
     split into terms that add up to it and normalised by the top stage's value (8): reach A (2 · closeness);
     grasped: 4 + closeness of A to the point on top of B; A on B: 6 + (gripper opening + A's stillness) / 2;
     solved: 8. `info["episode_metrics"]`: `stage`, the highest stage an episode reached (STACK_STAGES: 0-3), and
@@ -486,6 +487,8 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         self.closest_to_b = torch.zeros(num_envs, device=sim)  # A's nearest approach to the spot on top of B (m)
         self.lift = torch.zeros(num_envs, device=sim)  # the highest A's centre rose above its resting height (m)
         self.released_on_b = torch.zeros(num_envs, dtype=torch.bool, device=sim)  # opened the gripper with A on B
+        self._finger_links = torch.tensor([self.robot.get_link(name).idx for name in ("left_finger", "right_finger")],
+                                          device=sim, dtype=torch.int32)
         if randomise_dynamics:
             self._randomise_dynamics({"cube_mass": cube_mass_range, "cube_b_mass": cube_mass_range,
                                       "cube_friction": cube_friction_range, "cube_b_friction": cube_friction_range,
@@ -551,6 +554,18 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         self.to_cube_b = self.cube_b_pos - self.ee_pos
         self.cube_to_goal = self.goal_pos - self.cube_pos
 
+    def _read_grasp(self) -> None:
+        """`grasped` as the picking task's (the nearness test: stages 1 and 2), and `held`, what letting go must end:
+        the gripper closing with A grasped or touching either finger. The nearness test alone let a policy squeeze A
+        off-centre, its centre 2.0-2.4 cm from the fingertip point, and be paid for letting go and for success without
+        opening the gripper; and the fingers' squeeze is weak (about 1-2 N at Genesis's finger gain), so whether both
+        press on A with ManiSkill3's 0.5 N flickers while the policy holds A on B."""
+        super()._read_grasp()
+        contacts = self.robot.get_contacts(with_entity=self.cube)  # (num_envs, contacts) per key
+        finger = torch.where(contacts["link_a"] == self.cube.base_link.idx, contacts["link_b"], contacts["link_a"])
+        touching = (contacts["valid_mask"] & torch.isin(finger, self._finger_links)).any(-1)
+        self.held = (self.prev_action[:, NUM_ARM_JOINTS] < 0.0) & (self.grasped | touching)
+
     def _observe(self) -> torch.Tensor:
         return torch.cat([self.q - self.home_qpos[:NUM_ARM_JOINTS], self.qd, self.prev_action, self.fingers,
                           self.ee_pos, self.ee_vel, self.cube_pos, self.cube_quat, self.cube_vel, self.cube_b_pos,
@@ -563,7 +578,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
                 & ((offset[:, 2] - 2 * CUBE_HALF_SIZE).abs() <= self.stack_tolerance))
         static = ((self.cube_vel.norm(dim=-1) <= self.static_speed)
                   & (self.cube_ang.norm(dim=-1) <= self.static_angular_speed))
-        self.solved = on_b & static & ~self.grasped
+        self.solved = on_b & static & ~self.held
         return torch.where(self.solved, 3, torch.where(on_b, 2, self.grasped.long()))
 
     def _evaluate(self, action: torch.Tensor):
@@ -574,7 +589,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         # Opening: the gripper action that stops squeezing A (the grasp test's `closing`, negated).
         self.released_on_b |= (stage >= 2) & (self.prev_action[:, NUM_ARM_JOINTS] >= 0.0)
         # Each stage's reward is the one below at its top plus what the stage itself pays (ManiSkill3's values).
-        opening = torch.where(self.grasped, self.fingers.sum(-1) / (2 * FINGERS_OPEN), 1.0)
+        opening = torch.where(self.held, self.fingers.sum(-1) / (2 * FINGERS_OPEN), 1.0)
         stillness = 1.0 - torch.tanh(10.0 * self.cube_vel.norm(dim=-1) + self.cube_ang.norm(dim=-1))
         w, above = self.weights, lambda k: (stage > k).float()
         terms = {

@@ -438,14 +438,14 @@ def test_stack_cubes_reset_apart_upright_at_rest_in_the_documented_area(scenes):
     torch.testing.assert_close(torch.cat([stack.cube.get_pos(), stack.cube_b.get_pos()]), start, atol=1e-3, rtol=0)
 
 
-def hold_a_on_b(stack, envs_idx):
+def hold_a_on_b(stack, envs_idx, grip_offset=torch.zeros(3)):
     """The gripper pointing down around the spot on top of B (Genesis's inverse kinematics, the arm put there at rest,
-    fingers open) with A in it, for the envs in `envs_idx`."""
+    fingers open) with A in it, for the envs in `envs_idx`; the fingertip point `grip_offset` away from A's centre."""
     import genesis as gs
 
     top_of_b = stack.cube_b.get_pos()[envs_idx] + torch.tensor((0.0, 0.0, 2 * CUBE_HALF_SIZE))
     down = torch.tensor((0.0, 1.0, 0.0, 0.0), device=gs.device).expand(len(envs_idx), 4)
-    q = stack.robot.inverse_kinematics(link=stack.hand, pos=top_of_b, quat=down, local_point=TCP_OFFSET,
+    q = stack.robot.inverse_kinematics(link=stack.hand, pos=top_of_b + grip_offset, quat=down, local_point=TCP_OFFSET,
                                        envs_idx=envs_idx)
     q[:, 7:] = 0.04
     stack.robot.set_qpos(q, envs_idx=envs_idx, zero_velocity=True)
@@ -466,7 +466,7 @@ def test_stack_success_needs_a_on_b_still_and_released(scenes):
     close[:, 7] = -1.0
     for _ in range(4):  # envs 0 and 1 squeeze A on top of B
         stack.step(close)
-    assert stack.grasped.tolist() == [True, True, False, False]
+    assert stack.grasped.tolist() == [True, True, False, False] and stack.held.tolist() == [True, True, False, False]
     assert stack.stage.tolist() == [2, 2, 3, 0] and stack.solved.tolist() == [False, False, True, False]
     assert (stack.cube_vel.norm(dim=-1) < 0.01).all()  # held still: only the grasp stands between A and success
     release = torch.zeros(4, 8)
@@ -494,6 +494,29 @@ def test_stack_success_needs_a_on_b_still_and_released(scenes):
     # A never reached B.
     assert metrics["released_on_b"].tolist() == [1.0, 0.0, 1.0, 0.0]
     assert not stack.released_on_b.any()
+
+
+def test_a_squeezed_off_centre_on_b_is_held_until_the_gripper_opens(scenes):
+    """Bug: the stacking policy on ManiSkill3's settings was paid for success at 13M steps without ever opening the
+    gripper: it squeezed A off-centre, A's centre 2.0-2.4 cm from the fingertip point, where the nearness test (within
+    2 cm) says not grasped. Letting go must end `held`: the gripper closing with A grasped or touching a finger."""
+    stack = scenes["FrankaStackCube-v0"]
+    stack.reset(seed=35)
+    hold_a_on_b(stack, torch.tensor([0]))
+    hold_a_on_b(stack, torch.tensor([1]), grip_offset=torch.tensor((0.021, 0.0, 0.016)))  # along the finger pads, up
+    close = torch.zeros(4, 8)
+    close[:, 7] = -1.0
+    for _ in range(4):
+        stack.step(close)
+    assert stack.to_cube[0].norm() < 0.01 and stack.to_cube[1].norm() > 0.02  # env 1 outside the nearness test
+    assert stack.grasped[:2].tolist() == [True, False] and stack.held[:2].tolist() == [True, True]
+    assert stack.stage[:2].tolist() == [2, 2]
+    assert (stack.cube_vel[:2].norm(dim=-1) < 0.01).all()  # held still: the grasp alone keeps it from success
+    release = torch.zeros(4, 8)
+    release[:, 7] = 1.0
+    for _ in range(4):
+        stack.step(release)
+    assert stack.held[:2].tolist() == [False, False] and stack.stage[:2].tolist() == [3, 3]
 
 
 def test_stack_reward_is_maniskills_staged_reward_normalised_and_its_terms_add_up(scenes):
