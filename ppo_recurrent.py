@@ -224,9 +224,11 @@ PRESETS["FrankaReachCue-v0"] = dict(num_envs=256, num_steps=100)  # bptt_len 0: 
 # The cube tasks: ManiSkill3's PPO settings for PushCube-v1 and PickCube-v1 (gamma 0.8, lambda 0.9) on the arm's.
 PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = PRESETS["FrankaPickCube-v0"] = dict(
     gamma=0.8, gae_lambda=0.9, total_timesteps=10_000_000)
-# Stacking, and with unobserved masses and frictions: the same for ManiSkill3's StackCube-v1 budget (25M steps).
+# Stacking, and with unobserved masses and frictions: the same for ManiSkill3's StackCube-v1 budget (25M steps), raw
+# observations: with ppo_continuous.py the normaliser, having seen A resting, clipped A's lift at 2.6 cm and A was slid
+# along the table for 25M steps; without it A was on B in 78% of evaluations at 3.4M (not yet run with this script).
 PRESETS["FrankaStackCube-v0"] = PRESETS["FrankaStackCubeRandom-v0"] = dict(
-    PRESETS["FrankaPickCube-v0"], total_timesteps=25_000_000)
+    PRESETS["FrankaPickCube-v0"], norm_obs=False, total_timesteps=25_000_000)
 # Genesis's locomotion example (rsl_rl's settings, as the arm's) with its entropy bonus and ~10M-step budget.
 PRESETS["Go2Walk-v0"] = PRESETS["Go2WalkNoVel-v0"] = PRESETS["Go2WalkNoVelAll-v0"] = dict(
     ent_coef=0.01, total_timesteps=10_000_000)
