@@ -217,7 +217,7 @@ PRESETS["FrankaPickCube-v0"] = dict(
 # Stacking: ManiSkill3's ppo.py as its StackCube-v1 example runs it (1024 envs x 50 steps, 3x256 tanh, no observation
 # or reward normalisation, an unclipped value loss at 0.5, gradients clipped at 0.5) for its 25M steps. On the picking
 # settings (normalised observations, ELU, 24 steps) the policy slid A along the table for 25M steps and never put it
-# on B (the normaliser clipped A's lift; with only --no-norm-obs A was on B in 78% at 3.4M); on these A was on B in
+# on B (the normaliser clipped A's lift; with only --no-norm-obs A was on B in 96% at 3.7M); on these A was on B in
 # 99.5% of evaluation episodes at 8.8M, not let go of by 13M (one seed each: franka_cube).
 PRESETS["FrankaStackCube-v0"] = PRESETS["FrankaStackCubeRandom-v0"] = dict(
     PRESETS["FrankaPickCube-v0"], num_steps=50, activation="tanh", vf_coef=0.5, max_grad_norm=0.5, clip_vloss=False,
