@@ -414,7 +414,8 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
     B's top), A is still (under 1 cm/s and 0.5 rad/s) and released: not held, the gripper opening or neither finger
     touching A (`held`: the gripper closing with A grasped or touching a finger). ManiSkill3's staged dense reward,
     split into terms that add up to it and normalised by the top stage's value (8): reach A (2 · closeness);
-    grasped: 4 + closeness of A to the point on top of B; A on B: 6 + (gripper opening + A's stillness) / 2;
+    grasped: 4 + closeness of A to the point on top of B; A on B: 6 + (gripper opening + A's stillness) / 2, the
+    opening while held being the commanded one (ManiSkill3's is the fingers' reached width, which A blocks);
     solved: 8. `info["episode_metrics"]`: `stage`, the highest stage an episode reached (STACK_STAGES: 0-3), and
     `reached_grasped`, `reached_stacked` (that stage or a higher one), `closest_to_b` (the nearest A came to the spot
     on top of B, m), `lift` (the highest A rose above where it rests on the table, m: 0.04 to go over B),
@@ -589,7 +590,10 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         # Opening: the gripper action that stops squeezing A (the grasp test's `closing`, negated).
         self.released_on_b |= (stage >= 2) & (self.prev_action[:, NUM_ARM_JOINTS] >= 0.0)
         # Each stage's reward is the one below at its top plus what the stage itself pays (ManiSkill3's values).
-        opening = torch.where(self.held, self.fingers.sum(-1) / (2 * FINGERS_OPEN), 1.0)
+        # While held, the gripper's commanded opening (0 shut, 0.5 at A's width), not ManiSkill3's reached one: A
+        # stops the fingers at its width whatever the command below it, so the reached width paid the same for every
+        # squeeze and the policy, holding at -0.85 with a std of 0.16, never sampled an opening (franka_cube results).
+        opening = torch.where(self.held, self._finger_command().sum(-1) / (2 * FINGERS_OPEN), 1.0)
         stillness = 1.0 - torch.tanh(10.0 * self.cube_vel.norm(dim=-1) + self.cube_ang.norm(dim=-1))
         w, above = self.weights, lambda k: (stage > k).float()
         terms = {

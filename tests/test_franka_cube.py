@@ -519,6 +519,28 @@ def test_a_squeezed_off_centre_on_b_is_held_until_the_gripper_opens(scenes):
     assert stack.held[:2].tolist() == [False, False] and stack.stage[:2].tolist() == [3, 3]
 
 
+def test_holding_a_on_b_pays_more_the_further_the_gripper_is_commanded_open(scenes):
+    """Bug: the release term paid the fingers' reached opening, which A blocks at its width whatever the squeeze: no
+    gradient towards letting go, and the stacking policy held A on B at a gripper action of -0.85 (std 0.16) for 13M
+    steps without once sampling an opening. While held it pays the commanded opening; let go, all of it."""
+    stack = scenes["FrankaStackCube-v0"]
+    stack.reset(seed=36)
+    hold_a_on_b(stack, torch.arange(4))
+    squeeze = torch.zeros(4, 8)
+    squeeze[:, 7] = torch.tensor((-1.0, -0.6, -0.3, -0.1))
+    for _ in range(6):
+        _, _, _, _, info = stack.step(squeeze)
+    assert stack.held.all() and (stack.stage == 2).all()
+    torch.testing.assert_close(stack.fingers.sum(-1), torch.full((4,), 2 * CUBE_HALF_SIZE), atol=2e-3, rtol=0)
+    release = info["reward_terms"]["release"]
+    torch.testing.assert_close(release, 0.0625 * (squeeze[:, 7] + 1) / 2)  # 0.5 of the term at A's width
+    squeeze[:, 7] = 1.0
+    for _ in range(4):
+        _, _, _, _, info = stack.step(squeeze)
+    assert not stack.held.any()
+    torch.testing.assert_close(info["reward_terms"]["release"], torch.full((4,), 0.0625))
+
+
 def test_stack_reward_is_maniskills_staged_reward_normalised_and_its_terms_add_up(scenes):
     """Bugs: a stage paying less than the one below it (the policy unlearns a stage to stay in a cheaper one), a term
     unbounded or of the wrong sign, a term left out of the sum, the top stage not 1 (ManiSkill3's 8, normalised)."""
