@@ -175,6 +175,8 @@ class Args:
     """normalise observations with running statistics from rollout data"""
     norm_obs_until: int = 0
     """freeze those statistics once they hold this many observations (rsl_rl's `until`; 0: never)"""
+    norm_obs_eps: float = 0.0
+    """added to each feature's std before dividing by it (rsl_rl's 1e-2): a floor for features that barely moved"""
     norm_reward: bool = True
     """scale rewards by the running standard deviation of the discounted return"""
     compile: bool = False
@@ -531,10 +533,12 @@ def build_agent(args: Args, vec, device: torch.device) -> tuple[TransformerAgent
     critic_space = vec.single_critic_observation_space if args.privileged_critic else None
     agent = TransformerAgent(args, vec.single_observation_space, vec.single_action_space, critic_space,
                              getattr(vec, "scan_size", 0)).to(device)
-    obs_norm = ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until).to(device)
+    obs_norm = ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until,
+                             args.norm_obs_eps).to(device)
     if critic_space is None:
         return agent, obs_norm, None
-    return agent, obs_norm, ObsNormalizer(critic_space.shape, args.norm_obs, args.norm_obs_until).to(device)
+    return agent, obs_norm, ObsNormalizer(critic_space.shape, args.norm_obs, args.norm_obs_until,
+                                           args.norm_obs_eps).to(device)
 
 
 class Context:
@@ -839,11 +843,12 @@ class RunningMeanStd(nn.Module):
 class ObsNormalizer(RunningMeanStd):
     """Observations standardised by running statistics and clipped to +-10; passed through with --no-norm-obs.
     With `until` > 0 the statistics stop moving once they hold that many observations: the policy's inputs then
-    stop drifting under it."""
+    stop drifting under it. `eps` is added to each std (rsl_rl's EmpiricalNormalization adds 1e-2): a feature that
+    hardly varied (a cube's height while it rests) then does not reach the clip at its first small move."""
 
-    def __init__(self, shape, enabled: bool = True, until: int = 0):
+    def __init__(self, shape, enabled: bool = True, until: int = 0, eps: float = 0.0):
         super().__init__(shape)
-        self.enabled, self.until = enabled, until
+        self.enabled, self.until, self.eps = enabled, until, eps
         # The float32 shift and scale, refreshed whenever the statistics change: normalising (twice per step) then
         # takes three tensor ops instead of six, which with few envs is a visible share of a step.
         self.register_buffer("shift", torch.zeros(shape), persistent=False)
@@ -854,7 +859,7 @@ class ObsNormalizer(RunningMeanStd):
     @torch.no_grad()
     def refresh(self) -> None:
         self.shift.copy_(self.mean)
-        self.scale.copy_(torch.rsqrt(self.var + 1e-8))
+        self.scale.copy_((self.var + 1e-8).sqrt().add_(self.eps).reciprocal())
 
     def update(self, x: torch.Tensor) -> None:
         if self.enabled and not 0 < self.until <= self.host_count:
@@ -1253,6 +1258,7 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
         ("max_grad_norm", args.max_grad_norm > 0, "positive"),
         ("target_kl", args.target_kl >= 0, "0 (never stop early) or positive"),
         ("norm_obs_until", args.norm_obs_until >= 0, "0 (never freeze) or a number of observations"),
+        ("norm_obs_eps", args.norm_obs_eps >= 0, "0 or more"),
         ("desired_kl", args.desired_kl > 0, "positive"),
         ("lr_min_fraction", 0 <= args.lr_min_fraction <= 1, "in [0, 1]"),
         ("critic_learning_rate", args.critic_learning_rate >= 0, "0 (--learning-rate) or positive"),

@@ -86,6 +86,7 @@ MOVES: dict[str, list[Move]] = {
     "action_transform": [Move("tanh")],
     "norm_obs": [Move()],
     "norm_obs_until": [Move(10, (("norm_obs", True),))],
+    "norm_obs_eps": [Move(0.5, (("norm_obs", True),))],
     "norm_reward": [Move()],
     # ppo_recurrent.py: each option with a GRU and with an LSTM, with two trunks and with a shared one
     "rnn_type": [Move("lstm", (("shared_trunk", shared),)) for shared in (False, True)],

@@ -891,19 +891,23 @@ class FlatThenMovingEnv(ScriptedEnv):
         return torch.stack([3 - 0.01 * obs[..., 0], (step > 32).float()], -1)
 
 
-@pytest.mark.parametrize("norm_obs", [True, False], ids=["normalised", "raw"])
-def test_a_saturated_observation_feature_is_logged_as_clipped(script, norm_obs, monkeypatch, in_tmp):
+@pytest.mark.parametrize("norm_obs, norm_obs_eps", [(True, 0.0), (True, 0.5), (False, 0.0)],
+                         ids=["normalised", "std_floored", "raw"])
+def test_a_saturated_observation_feature_is_logged_as_clipped(script, norm_obs, norm_obs_eps, monkeypatch, in_tmp):
     """Bug: a feature that barely varied while the normaliser's statistics were gathered sits at the +-10 clip once
     it moves, and the networks cannot tell how far: nothing in the logs said so. `debug/obs_clipped_share` is the
     largest share of one feature's rollout entries at the clip: here the statistics stop after the first rollout
     (3 envs x 17 observations, entry 1 always 0), entry 1 is 1 from the second rollout's second step on. The
     privileged critic's own observations, normalised apart, have theirs (`debug/critic_obs_clipped_share`): its entry
-    1 moves a rollout later. Raw observations (--no-norm-obs) are never clipped, however large (entry 0 reaches 247)."""
+    1 moves a rollout later. Raw observations (--no-norm-obs) are never clipped, however large (entry 0 reaches 247).
+    Bug: --norm-obs-eps not added to the std of either normaliser: with 0.5 the move of 1 normalises to about 2."""
     use_scripted_env(monkeypatch, script.module, episode_schedule(4096, 9, 16), critic=True,
                      env_class=FlatThenMovingEnv)
-    args = script.args(**LOOP_OVERRIDES[script.name], norm_obs=norm_obs, norm_obs_until=3 * 17, privileged_critic=True)
+    args = script.args(**LOOP_OVERRIDES[script.name], norm_obs=norm_obs, norm_obs_until=3 * 17, privileged_critic=True,
+                       norm_obs_eps=norm_obs_eps)
     history = script.module.train(args)["history"]
-    policy, critic = ([0.0, 15 / 16, 1.0], [0.0, 0.0, 15 / 16]) if norm_obs else ([0.0] * 3, [0.0] * 3)
+    saturates = norm_obs and not norm_obs_eps
+    policy, critic = ([0.0, 15 / 16, 1.0], [0.0, 0.0, 15 / 16]) if saturates else ([0.0] * 3, [0.0] * 3)
     assert [h["debug/obs_clipped_share"] for h in history] == pytest.approx(policy)
     assert [h["debug/critic_obs_clipped_share"] for h in history] == pytest.approx(critic)
 
