@@ -301,8 +301,8 @@ class FrankaGraspVecEnv(FrankaCubeVecEnv):
         self.fingers = self.robot.get_dofs_position()[:, NUM_ARM_JOINTS:]
         self.to_cube = self.cube_pos - self.ee_pos
         width = self.fingers.sum(-1)
-        closing = self.prev_action[:, NUM_ARM_JOINTS] < 0.0
-        self.grasped = (self.to_cube.norm(dim=-1) < 0.02) & closing & (width > 2 * CUBE_HALF_SIZE - 0.01)
+        self.closing = self.prev_action[:, NUM_ARM_JOINTS] < 0.0  # the gripper action squeezing, not opening
+        self.grasped = (self.to_cube.norm(dim=-1) < 0.02) & self.closing & (width > 2 * CUBE_HALF_SIZE - 0.01)
 
 
 class FrankaPickCubeVecEnv(FrankaGraspVecEnv):
@@ -565,7 +565,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         contacts = self.robot.get_contacts(with_entity=self.cube)  # (num_envs, contacts) per key
         finger = torch.where(contacts["link_a"] == self.cube.base_link.idx, contacts["link_b"], contacts["link_a"])
         touching = (contacts["valid_mask"] & torch.isin(finger, self._finger_links)).any(-1)
-        self.held = (self.prev_action[:, NUM_ARM_JOINTS] < 0.0) & (self.grasped | touching)
+        self.held = self.closing & (self.grasped | touching)
 
     def _observe(self) -> torch.Tensor:
         return torch.cat([self.q - self.home_qpos[:NUM_ARM_JOINTS], self.qd, self.prev_action, self.fingers,
@@ -587,8 +587,7 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         self.best_stage = torch.maximum(self.best_stage, stage)
         self.closest_to_b = torch.minimum(self.closest_to_b, self.cube_to_goal.norm(dim=-1))
         self.lift = torch.maximum(self.lift, self.cube_pos[:, 2] - CUBE_HALF_SIZE)
-        # Opening: the gripper action that stops squeezing A (the grasp test's `closing`, negated).
-        self.released_on_b |= (stage >= 2) & (self.prev_action[:, NUM_ARM_JOINTS] >= 0.0)
+        self.released_on_b |= (stage >= 2) & ~self.closing  # the gripper commanded open with A on B
         # Each stage's reward is the one below at its top plus what the stage itself pays (ManiSkill3's values).
         # While held, the gripper's commanded opening (0 shut, 0.5 at A's width), not ManiSkill3's reached one: A
         # stops the fingers at its width whatever the command below it, so the reached width paid the same for every
