@@ -135,7 +135,9 @@ def main(args: Args) -> str:
         metrics = [k for k in rows[0] if k in LABELS]
 
     os.makedirs(args.out_dir, exist_ok=True)
-    fig, axes = plt.subplots(len(metrics), 2, figsize=(11, 3.6 * len(metrics)), sharey="row", squeeze=False)
+    # Constrained layout keeps the title clear of the legend, which tight_layout let overlap on tall figures
+    fig, axes = plt.subplots(len(metrics), 2, figsize=(11, 3.6 * len(metrics)), sharey="row", squeeze=False,
+                             layout="constrained")
     for row_axes, metric in zip(axes, metrics):
         label, target, tag = LABELS.get(metric, (metric, None, f"episode_metrics/{metric}"))
         target = args.success_target if metric == "success_rate" else target
@@ -151,7 +153,8 @@ def main(args: Args) -> str:
                 steps = sorted(logged[metric])
                 x_logged = ([s / 1e6 for s in steps] if x_label.startswith("environment")
                             else [wall_of_step.get(s, float("nan")) / 60 for s in steps])
-                ax.plot(x_logged, [logged[metric][s] for s in steps], "x", label=f"evaluated while training (eval/, {saved.get('eval_episodes')} episodes)")
+                ax.plot(x_logged, [logged[metric][s] for s in steps], "x",
+                        label=f"evaluated while training (eval/, {saved.get('eval_episodes')} episodes)")
             if target is not None:
                 ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target}")
             ax.set_xlabel(x_label)
@@ -159,7 +162,6 @@ def main(args: Args) -> str:
         row_axes[0].set_ylabel(label)
     axes[0][0].legend(loc="best")
     fig.suptitle(f"{script}.py on {saved['env_id']}")
-    fig.tight_layout()
     fig.savefig(os.path.join(args.out_dir, f"{stem}.png"), dpi=120)
 
     columns = metrics + ["mean_length", "mean_return"]
