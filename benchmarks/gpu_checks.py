@@ -24,6 +24,7 @@ run once per iteration (logging, the update's early stop).
 from __future__ import annotations
 
 import collections
+import functools
 import importlib
 import json
 import os
@@ -54,6 +55,8 @@ class Sim:
     """untimed steps first"""
     sim_device: str = "gpu"
     """where Genesis simulates (cpu to try this script without a GPU)"""
+    padded_contacts: bool = False
+    """read the robot's contacts padded (Genesis's is_padded=True: no wait for the trimmed count, more to gather)"""
 
 
 @dataclass
@@ -103,12 +106,15 @@ def synchronize() -> None:
 
 def sim(args: Sim) -> None:
     device = "cuda" if args.sim_device == "gpu" else "cpu"
+    print(f"contacts {'padded' if args.padded_contacts else 'trimmed'}")
     print("| task | envs | first build (s) | steps/s through envs/ | steps/s of the scene alone |")
     print("|---|---:|---:|---:|---:|")
     for env_id in args.env_ids:
         for num_envs in args.num_envs:
             started = time.perf_counter()
             vec = envs.make(env_id, num_envs=num_envs, seed=0, device=device, sim_device=args.sim_device)
+            if args.padded_contacts:  # the tasks trim (docs/tasks.md): this measures what padding would change
+                vec.robot.get_contacts = functools.partial(vec.robot.get_contacts, is_padded=True)
             vec.reset()
             synchronize()
             build_s = time.perf_counter() - started

@@ -2,7 +2,7 @@
 # Issue 51's GPU checks as one command, cheapest first; benchmarks/results/gpu.md says what each has measured so far.
 #
 #   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 static memory gym tests compile cudagraphs split
-#                                               pick torchrun profile busy (default: all)
+#                                               pick torchrun profile busy contacts (default: all)
 #
 # Run it from the repository root on a CUDA machine with the project's packages importable. Each step is stamped
 # with the clock in $OUT/log.txt (default gpu_out/), so wall times can be read against the runs' TensorBoard events,
@@ -37,6 +37,16 @@ step_sim() {  # item 1: build and step each robot task on gs.gpu (the first buil
     [ $SCALE = 1 ] && sizes="4 8"
     run 400 $PY benchmarks/gpu_checks.py sim --sim-device $SIM_DEVICE --num-envs $sizes \
         --env-ids Go2Walk-v0 FrankaReach-v0 FrankaPickCube-v0 Go2Rough-v0
+}
+
+step_contacts() {  # items 1 and 2: the stacking task stepped with its contacts read trimmed (one wait per read)
+    # and padded (none, but every env's 750 slots gathered: 2-3x slower on the CPU); docs/tasks.md
+    local sizes=${SIM_SIZES:-1024 4096}
+    [ $SCALE = 1 ] && sizes="4"
+    for padded in --no-padded-contacts --padded-contacts; do
+        run 300 $PY benchmarks/gpu_checks.py sim --sim-device $SIM_DEVICE --num-envs $sizes \
+            --env-ids FrankaStackCube-v0 $padded
+    done
 }
 
 step_syncs() {  # item 2: host syncs per rollout step, by line, in each script (needs CUDA)
@@ -159,7 +169,7 @@ if [ $SCALE = 0 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$LOG"
 fi
 $PY -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" 2>&1 | tee -a "$LOG"
-for step in ${@:-sim syncs go2 static memory gym tests compile cudagraphs split pick torchrun profile busy}; do
+for step in ${@:-sim syncs go2 static memory gym tests compile cudagraphs split pick torchrun profile busy contacts}; do
     stamp "$step"
     "step_$step" || echo "$step: exit $?" | tee -a "$LOG"
     tar czf "$OUT/runs.tgz" --exclude='*.pt' runs/*__gpu_* runs/*__syncs__* 2>/dev/null

@@ -467,6 +467,33 @@ def test_gpu_sim_check_times_the_scene_inside_the_same_steps_through_envs(capsys
         assert 0 < through < alone
 
 
+def test_gpu_sim_check_padded_contacts_reaches_the_tasks_contact_reads(monkeypatch, capsys):
+    """Bug: `--padded-contacts` not reaching the task's own `get_contacts` calls, so the GPU comparison of trimmed and
+    padded contact reads (gpu_session.sh contacts) would time the same trimmed reads twice."""
+    from benchmarks import gpu_checks
+
+    padded_reads, make = [], gpu_checks.envs.make
+
+    def make_recording(*args, **kwargs):
+        vec = make(*args, **kwargs)
+        read = vec.robot.get_contacts
+
+        def recording(*read_args, **read_kwargs):
+            padded_reads.append(read_kwargs.get("is_padded", False))
+            return read(*read_args, **read_kwargs)
+
+        vec.robot.get_contacts = recording
+        return vec
+
+    monkeypatch.setattr(gpu_checks.envs, "make", make_recording)
+    for padded in (False, True):
+        padded_reads.clear()
+        gpu_checks.sim(gpu_checks.Sim(env_ids=["FrankaStackCube-v0"], num_envs=[2], steps=2, warmup=1,
+                                      sim_device="cpu", padded_contacts=padded))
+        assert padded_reads and set(padded_reads) == {padded}
+    assert "contacts padded" in capsys.readouterr().out
+
+
 def resident_mib() -> float:
     """This process's resident memory (Linux)."""
     with open("/proc/self/statm") as f:
