@@ -71,11 +71,12 @@ step_static() {  # item 3 in Genesis's performance mode (GS_ENABLE_NDARRAY=0, wh
         --exp-name gpu_genesis_static $QUIET
 }
 
-step_memory() {  # item 2: the recurrent and transformer scripts on CUDA, their checkpoints evaluated on both devices
+step_memory() {  # item 2: the recurrent and transformer scripts on CUDA, their checkpoints evaluated on both devices;
+    # MEMORY_FLAGS: e.g. "--compile --compile-mode reduce-overhead" (their carried state under CUDA graphs)
     for script in ppo_recurrent ppo_transformer; do
         run 200 $PY $script.py --env-id Go2WalkNoVel-v0 $DEVICE --num-envs $ENVS \
             --total-timesteps $(steps_of $((ITERATIONS / 10 > 2 ? ITERATIONS / 10 : 2))) --eval-interval 0 \
-            --exp-name gpu_$script $QUIET
+            --exp-name gpu_$script ${MEMORY_FLAGS:-} $QUIET
         local checkpoint
         checkpoint=$(ls -td runs/Go2WalkNoVel-v0__gpu_${script}__*/ | head -1)checkpoint.pt
         for policy in cuda cpu; do
@@ -135,10 +136,12 @@ step_split() {  # item 6: the device split: FrankaReach-v0 trained with the poli
 step_pick() {  # item 5: picking at 4096 envs with ManiSkill3's short rollouts (ppo_fast: 4096 envs x 8 steps);
     # 59.5% at 5M steps and rising on the second GPU session; on the third (--compile) 81% at 7.86M, then a collapse
     # (KL 1.5-13 per update): PICK_FLAGS by default also stops the epochs at the first minibatch over --target-kl,
-    # as ManiSkill3's ppo_fast does. 10M steps by default (PICK_STEPS), about 4.5 minutes alone.
+    # as ManiSkill3's ppo_fast does, and adds CUDA graphs (the update halved on the Go2, fifth GPU session). 10M
+    # steps by default (PICK_STEPS), about 4.5 minutes alone.
     run ${PICK_LIMIT:-540} $PY ppo_continuous.py --env-id FrankaPickCube-v0 $DEVICE --num-envs $ENVS --num-steps 8 \
         --total-timesteps $([ $SCALE = 1 ] && echo 128 || echo ${PICK_STEPS:-10000000}) --eval-interval 10 \
-        --eval-episodes $EPISODES --exp-name gpu_pick_short ${PICK_FLAGS---compile --target-kl-per-minibatch} $QUIET
+        --eval-episodes $EPISODES --exp-name gpu_pick_short \
+        ${PICK_FLAGS---compile --compile-mode reduce-overhead --target-kl-per-minibatch} $QUIET
 }
 
 step_torchrun() {  # item 7: two processes sharing one GPU (gloo), half the envs each
