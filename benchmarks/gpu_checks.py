@@ -9,10 +9,11 @@ rollout waits on the GPU.
 (kernel compile included when the cache is cold), then env-steps/s through `envs/` and of the scene's own steps
 alone, the GPU synchronised around each timed stretch so that queued work is counted.
 
-`busy`: a script's third iteration traced with torch.profiler: the GPU's kernel time (every kernel the profiler
-records, Genesis's among them: the third GPU session's trace shows them) against the wall time of
-the second, untraced iteration (the same work): near 100% the GPU is the limit, far below it the host is (Python
-and kernel launches), which decides what to make faster; the ops by GPU time, and a Chrome trace if asked for.
+`busy`: a script's fourth iteration traced with torch.profiler: the GPU's kernel time (every kernel the profiler
+records, Genesis's among them: the third GPU session's trace shows them) against the wall time of the second
+iteration (the same work), timed with the profiler off (not in its warm-up, the third, where CUPTI already records
+the GPU): near 100% the GPU is the limit, far below it the host is (Python and kernel launches), which decides
+what to make faster; the ops by GPU time, and a Chrome trace if asked for.
 
 `syncs`: each script trains a few iterations on CUDA with `torch.cuda.set_sync_debug_mode("warn")`, once with
 --num-steps S and once with 2S; every warning is counted by the innermost line of this project's code (a script's
@@ -186,8 +187,9 @@ def gpu_kernel_time(events) -> tuple[float, int]:
 
 
 def busy(args: Busy) -> dict:
-    """Trains three iterations, tracing the third; prints and returns the second's wall time, the third's (slower:
-    the profiler's own cost) and the GPU's kernel time and count in the third."""
+    """Trains four iterations, tracing the fourth; prints and returns the second's wall time (the profiler off: the
+    third is its warm-up, where CUPTI already records the GPU), the fourth's (slower: the profiler's own cost) and
+    the GPU's kernel time and count in the fourth."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -199,10 +201,10 @@ def busy(args: Busy) -> dict:
         compile_mode=args.compile_mode,
         **{name: getattr(args, name) for name in ("num_steps", "update_epochs", "num_minibatches")
            if getattr(args, name)})
-    run_args.total_timesteps = 3 * run_args.num_steps * args.num_envs
+    run_args.total_timesteps = 4 * run_args.num_steps * args.num_envs
     ends = []
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=1, repeat=1)) as prof:
+    with profile(activities=activities, schedule=schedule(wait=2, warmup=1, active=1, repeat=1)) as prof:
 
         def iteration_done(metrics: dict) -> None:
             synchronize()
@@ -211,11 +213,11 @@ def busy(args: Busy) -> dict:
 
         module.train(run_args, on_iteration=iteration_done)
     kernel_s, kernels = gpu_kernel_time(prof.events())
-    report = {"untraced_s": ends[1] - ends[0], "traced_s": ends[2] - ends[1], "kernel_s": kernel_s, "kernels": kernels,
+    report = {"untraced_s": ends[1] - ends[0], "traced_s": ends[3] - ends[2], "kernel_s": kernel_s, "kernels": kernels,
               "traced_iterations": sum(event.name.startswith("ProfilerStep") and event.device_type == DeviceType.CPU
                                        for event in prof.events())}
     print(f"{args.script} on {args.env_id}, {args.num_envs} envs: iteration 2 {report['untraced_s']:.3f} s "
-          f"(untraced); iteration 3 {report['traced_s']:.3f} s (traced): {report['kernels']} GPU kernels, "
+          f"(untraced); iteration 4 {report['traced_s']:.3f} s (traced): {report['kernels']} GPU kernels, "
           f"{report['kernel_s']:.3f} s of GPU time, {report['kernel_s'] / report['untraced_s']:.0%} of iteration 2")
     sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=sort_by, row_limit=args.rows, max_name_column_width=60))
