@@ -2,7 +2,7 @@
 # Issue 51's GPU checks as one command, cheapest first; benchmarks/results/gpu.md says what each has measured so far.
 #
 #   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 static memory gym tests compile cudagraphs split
-#                                               pick torchrun profile busy contacts (default: all)
+#                                               pick torchrun resume profile busy contacts (default: all)
 #
 # Run it from the repository root on a CUDA machine with the project's packages importable. Each step is stamped
 # with the clock in $OUT/log.txt (default gpu_out/), so wall times can be read against the runs' TensorBoard events,
@@ -150,6 +150,17 @@ step_torchrun() {  # item 7: two processes sharing one GPU (gloo), half the envs
         --eval-interval 0 --exp-name gpu_torchrun $QUIET
 }
 
+step_resume() {  # item 7's neighbour: a GPU run resumed on the GPU, then on the CPU (the envs' state saved on the
+    # GPU loaded there; the flags of the command line pick the devices); the events continue with no step twice
+    local n=$([ $SCALE = 1 ] && echo 8 || echo 256) dir
+    run 200 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $n --total-timesteps $((n * 24 * 4)) \
+        --eval-interval 0 --exp-name gpu_resume $QUIET
+    dir=$(ls -td runs/Go2Walk-v0__gpu_resume__*/ | head -1)
+    run 200 $PY ppo_continuous.py --resume "$dir" $DEVICE --total-timesteps $((n * 24 * 8)) $QUIET
+    run 300 $PY ppo_continuous.py --resume "$dir" --policy-device cpu --sim-device cpu \
+        --total-timesteps $((n * 24 * 10)) $QUIET
+}
+
 step_profile() {  # items 2 and 3: where a Go2 iteration's time goes (cProfile, 10 iterations; the start included)
     run 200 $PY -c "import cProfile, sys; import ppo_continuous; sys.argv[0] = 'ppo_continuous.py'
 cProfile.run('ppo_continuous.cli()', sys.argv.pop(1))" "$OUT/go2.prof" --env-id Go2Walk-v0 $DEVICE \
@@ -172,7 +183,8 @@ if [ $SCALE = 0 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$LOG"
 fi
 $PY -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" 2>&1 | tee -a "$LOG"
-for step in ${@:-sim syncs go2 static memory gym tests compile cudagraphs split pick torchrun profile busy contacts}; do
+for step in ${@:-sim syncs go2 static memory gym tests compile cudagraphs split pick torchrun resume profile busy \
+    contacts}; do
     stamp "$step"
     "step_$step" || echo "$step: exit $?" | tee -a "$LOG"
     tar czf "$OUT/runs.tgz" --exclude='*.pt' runs/*__gpu_* runs/*__syncs__* 2>/dev/null
