@@ -2,7 +2,7 @@
 # Issue 51's GPU checks as one command, cheapest first; benchmarks/results/gpu.md says what each has measured so far.
 #
 #   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 static memory gym tests compile cudagraphs split
-#                                               pick torchrun resume profile busy contacts (default: all)
+#                                               reach pick torchrun resume profile busy contacts (default: all)
 #
 # Run it from the repository root on a CUDA machine with the project's packages importable. Each step is stamped
 # with the clock in $OUT/log.txt (default gpu_out/), so wall times can be read against the runs' TensorBoard events,
@@ -133,6 +133,16 @@ step_split() {  # item 6: the device split: FrankaReach-v0 trained with the poli
     done
 }
 
+step_reach() {  # item 4: FrankaReach-v0 at 4096 envs with each script's preset, evaluated every 10 iterations (the
+    # wall time to 95% success); ppo_continuous.py's ran on the first GPU session (97% at iteration 80), so by
+    # default the other two (REACH_SCRIPTS)
+    for script in ${REACH_SCRIPTS:-ppo_recurrent ppo_transformer}; do
+        run ${REACH_LIMIT:-240} $PY $script.py --env-id FrankaReach-v0 $DEVICE --num-envs $ENVS \
+            $([ $SCALE = 1 ] && echo "--total-timesteps 384") --eval-interval 10 --eval-episodes $EPISODES \
+            --exp-name gpu_reach_$script $QUIET
+    done
+}
+
 step_pick() {  # item 5: picking at 4096 envs with ManiSkill3's short rollouts (ppo_fast: 4096 envs x 8 steps);
     # 59.5% at 5M steps and rising on the second GPU session; on the third (--compile) 81% at 7.86M, then a collapse
     # (KL 1.5-13 per update): PICK_FLAGS by default also stops the epochs at the first minibatch over --target-kl,
@@ -183,8 +193,8 @@ if [ $SCALE = 0 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$LOG"
 fi
 $PY -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" 2>&1 | tee -a "$LOG"
-for step in ${@:-sim syncs go2 static memory gym tests compile cudagraphs split pick torchrun resume profile busy \
-    contacts}; do
+for step in ${@:-sim syncs go2 static memory gym tests compile cudagraphs split reach pick torchrun resume profile \
+    busy contacts}; do
     stamp "$step"
     "step_$step" || echo "$step: exit $?" | tee -a "$LOG"
     tar czf "$OUT/runs.tgz" --exclude='*.pt' runs/*__gpu_* runs/*__syncs__* 2>/dev/null
