@@ -220,7 +220,7 @@ PRESETS["FrankaPickCube-v0"] = dict(
 # policy slid A along the table for 25M steps and never put it on B (the normaliser, having seen A resting, clipped A's
 # lift); without the normaliser A was on B in 96% of evaluations at 3.7M, on ManiSkill3's ppo.py settings (50-step
 # rollouts, tanh, nothing normalised) in 97% at 6.1M (one seed each); with the letting-go term on the commanded
-# opening, solved in 97.4% and 91.6% of 1000 evaluation episodes at 10.1M and 10.6M (seeds 1 and 2: franka_cube).
+# opening, solved in 97.4%, 91.6% and 93.6% of 1000 evaluation episodes at 10.1-10.6M (seeds 1-3: franka_cube).
 PRESETS["FrankaStackCube-v0"] = PRESETS["FrankaStackCubeRandom-v0"] = dict(
     PRESETS["FrankaPickCube-v0"], norm_obs=False, total_timesteps=25_000_000)
 # The memory-less baseline of ppo_recurrent.py and ppo_transformer.py: their settings, noise included.
