@@ -299,6 +299,38 @@ def test_frames_strip_shows_the_asked_steps_and_names_a_step_the_video_lacks(tmp
         frames.main(frames.Args(video=video, out=str(tmp_path / "bad.png"), frames=(0, 5)))
 
 
+def test_update_stats_puts_each_update_in_its_stretch_and_names_the_step_of_the_largest_kl(tmp_path):
+    """Bugs: an update counted in the wrong stretch of steps, the largest KL's step taken from another update (the
+    one that caused a collapse is then misnamed), an evaluation listed beside the wrong stretch, or a run without
+    the updates' scalars answered with a traceback."""
+    from benchmarks import update_stats
+
+    run = str(tmp_path / "run")
+    writer = SummaryWriter(run)
+    updates = ((100, 0.01, 8.0), (900, 0.03, 6.0), (1000, 0.5, 1.0), (1500, 0.02, 3.0), (2100, 0.04, 1.0))
+    for step, kl, epochs in updates:
+        writer.add_scalar("losses/approx_kl", kl, step)
+        writer.add_scalar("charts/update_epochs_done", epochs, step)
+        writer.add_scalar("losses/clipfrac", 0.1 * epochs, step)
+    for step, success in ((950, 0.9), (1100, 0.1), (1400, 0.6), (2000, 0.7)):
+        writer.add_scalar("eval/success", success, step)
+    writer.close()
+    text = update_stats.main(update_stats.Args(run_dirs=(run,), bin_steps=1000, out=str(tmp_path / "stats.md")))
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert rows == ["| 0 | 2 | 7.00 | 0.020 | 0.030 (900) | 0.70 | 0.90 |",
+                    "| 1,000 | 2 | 2.00 | 0.260 | 0.500 (1,000) | 0.20 | 0.10 0.60 |",
+                    "| 2,000 | 1 | 1.00 | 0.040 | 0.040 (2,100) | 0.10 | 0.70 |"]
+    assert open(tmp_path / "stats.md").read() == text
+    empty = str(tmp_path / "empty")
+    writer = SummaryWriter(empty)
+    writer.add_scalar("charts/episodic_return", 1.0, 1)
+    writer.close()
+    with pytest.raises(SystemExit, match="logged no losses/approx_kl"):
+        update_stats.main(update_stats.Args(run_dirs=(empty,)))
+    with pytest.raises(SystemExit, match="--bin-steps must be positive"):
+        update_stats.main(update_stats.Args(run_dirs=(run,), bin_steps=0))
+
+
 def test_terrain_eval_reports_the_curriculums_end_per_type_and_each_level_evaluated_alone(tmp_path, monkeypatch):
     """Bugs: the level per type averaged over the whole run instead of its end (the climb hidden), a level's
     evaluation run with the curriculum on or on random levels (start_level never reaching the script), an earlier
