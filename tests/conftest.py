@@ -423,6 +423,12 @@ def script_named(name: str) -> Script:
     return ADAPTERS[name](name)
 
 
+def resident_mib() -> float:
+    """This process's resident memory (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 @pytest.fixture(autouse=True, scope="module")
 def genesis_released_after_each_module():
     """Genesis keeps the memory of every scene destroyed in a process until Genesis itself is destroyed

@@ -561,26 +561,21 @@ def test_gpu_sim_check_padded_contacts_reaches_the_tasks_contact_reads(monkeypat
     assert "contacts padded" in capsys.readouterr().out
 
 
-def resident_mib() -> float:
-    """This process's resident memory (Linux)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def test_eval_curve_evaluates_each_genesis_checkpoint_in_a_child_so_its_own_memory_stays_flat(tmp_path, monkeypatch):
     """Bug: eval_curve.py evaluated every checkpoint in the tool's own process, and Genesis keeps memory of every scene
-    it destroys (~45 MiB per FrankaReach-v0 scene of 64 envs): killed by the OOM killer at 24 GB after 32
-    FrankaStackCube-v0 checkpoints. Each evaluation now runs in a child: this process's memory does not grow
+    it destroys (~45 MiB per FrankaReach-v0 scene of 64 envs, ~80 MiB of 128): killed by the OOM killer at 24 GB after
+    32 FrankaStackCube-v0 checkpoints. Each evaluation now runs in a child: this process's memory does not grow
     from one checkpoint to the next, and the child's result is the script's own evaluate() of that checkpoint.
     """
+    import ppo_continuous
     from benchmarks import eval_curve
-    from conftest import run_cli
+    from conftest import resident_mib
 
-    done = run_cli("ppo_continuous", "--env-id", "FrankaReach-v0", "--num-envs", "64", "--num-steps", "8",
-                   "--total-timesteps", str(3 * 64 * 8), "--checkpoint-interval", "1", "--exp-name", "curve",
-                   cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    run_dir = glob.glob(str(tmp_path / "runs" / "FrankaReach-v0__curve__*"))[0]
+    monkeypatch.chdir(tmp_path)
+    summary = ppo_continuous.train(ppo_continuous.task_args(
+        "FrankaReach-v0", num_envs=64, num_steps=8, total_timesteps=2 * 64 * 8, checkpoint_interval=1,
+        exp_name="curve", eval_interval=0, sim_device="cpu", policy_device="cpu", progress_bar=False))
+    run_dir = os.path.dirname(summary["checkpoint"])
     evaluate, resident = report.Script.evaluate, []
 
     def measured(self, path, **kwargs):
@@ -589,13 +584,11 @@ def test_eval_curve_evaluates_each_genesis_checkpoint_in_a_child_so_its_own_memo
         return result
 
     monkeypatch.setattr(report.Script, "evaluate", measured)
-    text = eval_curve.main(eval_curve.Args(run_dir=run_dir, episodes=64, out_dir=str(tmp_path / "out")))
-    assert len(resident) == 3 and text.count("\n") == 2 + 3  # three checkpoints evaluated, a row each
+    text = eval_curve.main(eval_curve.Args(run_dir=run_dir, episodes=128, out_dir=str(tmp_path / "out")))
+    assert len(resident) == 2 and text.count("\n") == 2 + 2  # both checkpoints evaluated, a row each
     assert resident[-1] - resident[0] < 30, f"this process grew from checkpoint to checkpoint: {resident} MiB"
-    import ppo_continuous
-
-    cached = json.load(open(os.path.join(run_dir, "eval_curve_64.json")))
-    here = ppo_continuous.evaluate(os.path.join(run_dir, "checkpoint_000002.pt"), episodes=64, device="cpu",
+    cached = json.load(open(os.path.join(run_dir, "eval_curve_128.json")))
+    here = ppo_continuous.evaluate(os.path.join(run_dir, "checkpoint_000002.pt"), episodes=128, device="cpu",
                                    sim_device="cpu")
     assert {k: v for k, v in cached["checkpoint_000002.pt"].items() if k != "step"} == here
 
