@@ -563,7 +563,7 @@ def test_gpu_sim_check_padded_contacts_reaches_the_tasks_contact_reads(monkeypat
 
 def test_eval_curve_evaluates_each_genesis_checkpoint_in_a_child_so_its_own_memory_stays_flat(tmp_path, monkeypatch):
     """Bug: eval_curve.py evaluated every checkpoint in the tool's own process, and Genesis keeps memory of every scene
-    it destroys (~45 MiB per FrankaReach-v0 scene of 64 envs, ~80 MiB of 128): killed by the OOM killer at 24 GB after
+    it destroys (~45 MiB per FrankaReach-v0 scene of 64 envs, ~120 MiB of 128): killed by the OOM killer at 24 GB after
     32 FrankaStackCube-v0 checkpoints. Each evaluation now runs in a child: this process's memory does not grow
     from one checkpoint to the next, and the child's result is the script's own evaluate() of that checkpoint.
     """
