@@ -7,6 +7,8 @@ list on purpose (it then belongs to one script's algorithm)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
+import importlib
 import os
 from collections import Counter
 
@@ -105,3 +107,22 @@ def test_the_algorithm_reads_first_and_the_plumbing_follows_one_banner(script):
     calls = {node.func.id for node in ast.walk(train) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     loop = {"collect_rollout", "compute_advantages", "update"}
     assert loop <= calls, f"{script}.py: train() must call {sorted(loop - calls)}"
+
+
+# What names a run, not what it trains
+RUN_NAMES = {"exp_name", "wandb_project_name"}
+
+
+@pytest.mark.parametrize("env_id", ["FrankaPickCube-v0", "FrankaStackCube-v0", "FrankaStackCubeRandom-v0"])
+def test_the_memory_scripts_picking_and_stacking_presets_drift_from_the_mlps(env_id):
+    """Bug: ppo_recurrent.py's and ppo_transformer.py's picking and stacking presets not the MLP's network (as their
+    heads) and updates that the docs say they take: they had the arm's 128x64 heads, 5x4 updates and adaptive KL,
+    on which the MLP never carried the cube, while presets.md called them "as ppo_continuous.py's"; or one script's
+    stacking preset missing the KL stop after any minibatch, or raw observations, the other two have."""
+    settings = {script: dataclasses.asdict(importlib.import_module(script).task_args(env_id)) for script in SCRIPTS}
+    reference = settings[SCRIPTS[0]]
+    for script in SCRIPTS[1:]:
+        shared = (reference.keys() & settings[script].keys()) - RUN_NAMES
+        drifted = {name: (reference[name], settings[script][name]) for name in sorted(shared)
+                   if reference[name] != settings[script][name]}
+        assert not drifted, f"{script}.py's {env_id} preset differs from {SCRIPTS[0]}.py's: {drifted}"
