@@ -8,8 +8,8 @@ step towards them that the task's joint-delta actions allow (at most `action_sca
 phases, in the 50-step episode: over the cube (gripper open), down to it, close, carry to the goal. Reported per
 phase: how often the task counts the cube grasped, the cube's distance to the goal, each reward term, and success at
 the end. `--finger-kp` changes the fingers' position gain (the task's is 100 N/m), `--carry-speed` caps the TCP's
-speed while carrying (m per step). `--checkpoint` runs a ppo_continuous.py checkpoint's policy as deployed (mean
-action, frozen normaliser) instead of the script.
+speed while carrying (m per step). `--checkpoint` runs a checkpoint's policy as deployed (mean action, frozen
+normaliser, the memory scripts' memory carried from step to step), by the script that wrote it, instead of the script.
 
     python benchmarks/pick_probe.py --num-envs 64 --phases 10 24 30
     python benchmarks/pick_probe.py --num-envs 64 --finger-kp 1000
@@ -18,6 +18,7 @@ action, frozen normaliser) instead of the script.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class Args:
     phases: tuple[int, int, int] = (10, 24, 30)
     """the steps at which the descent, the closing and the carrying start"""
     checkpoint: str | None = None
-    """act with this ppo_continuous.py checkpoint's deployed policy instead of the script"""
+    """act with this checkpoint's deployed policy (any of the three scripts') instead of the script"""
 
 
 def main(args: Args) -> dict:
@@ -57,11 +58,12 @@ def main(args: Args) -> dict:
     obs, _ = vec.reset()
     policy = None
     if args.checkpoint:
-        import ppo_continuous
-
-        checkpoint = ppo_continuous.load_checkpoint(args.checkpoint, "--checkpoint")
-        saved = ppo_continuous.args_from_checkpoint(checkpoint)
-        policy = ppo_continuous.deployed_policy(saved, vec, checkpoint, torch.device("cpu"))
+        path = os.path.join(args.checkpoint, "checkpoint.pt") if os.path.isdir(args.checkpoint) else args.checkpoint
+        written_by = torch.load(path, map_location="cpu", weights_only=True).get("script", "ppo_continuous")
+        script = importlib.import_module(written_by)  # checkpoints from before it was recorded: ppo_continuous.py's
+        checkpoint = script.load_checkpoint(path, "--checkpoint")
+        policy = script.deployed_policy(script.args_from_checkpoint(checkpoint), vec, checkpoint, torch.device("cpu"))
+        memory = policy.initial_memory(args.num_envs, obs.device)  # one episode per env: never reset
     n = args.num_envs
     down = torch.tensor((0.0, 1.0, 0.0, 0.0), device=gs.device).expand(n, 4)  # the gripper pointing down
     descend, close, carry = args.phases
@@ -82,7 +84,7 @@ def main(args: Args) -> dict:
             target = carried
         if policy is not None:
             with torch.inference_mode():
-                (action,) = policy(obs)
+                action, *memory = policy(obs, *memory)
         else:
             q = vec.robot.inverse_kinematics(link=vec.hand, pos=target, quat=down, local_point=TCP_OFFSET)
             action = torch.zeros(n, NUM_ARM_JOINTS + 1, device=gs.device)
@@ -102,8 +104,8 @@ def main(args: Args) -> dict:
             row["success_once"] = info["episode_metrics"]["success_once"].float().mean().item()
         rows.append(row)
     vec.close()
-    keys = ["reward", "grasped", "cube_goal_m", "horizontal_m", "vertical_m", "cube_z_m", "joint_speed", "gripper_action",
-            *info["reward_terms"]]
+    keys = ["reward", "grasped", "cube_goal_m", "horizontal_m", "vertical_m", "cube_z_m", "joint_speed",
+            "gripper_action", *info["reward_terms"]]
     print("| step | " + " | ".join(keys) + " |")
     print("|---:|" + "---:|" * len(keys))
     for row in rows:
