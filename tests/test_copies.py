@@ -111,6 +111,9 @@ def test_the_algorithm_reads_first_and_the_plumbing_follows_one_banner(script):
 
 # What names a run, not what it trains
 RUN_NAMES = {"exp_name", "wandb_project_name"}
+# Measured departures from the MLP's preset: the transformer picks on raw observations (with the normaliser it slid the
+# cube along the table for 5M steps, 0% solved; without it 99.6%: benchmarks/results/presets.md).
+MEASURED_DRIFT = {("ppo_transformer", "FrankaPickCube-v0"): {"norm_obs"}}
 
 
 @pytest.mark.parametrize("env_id", ["FrankaPickCube-v0", "FrankaStackCube-v0", "FrankaStackCubeRandom-v0"])
@@ -122,7 +125,7 @@ def test_the_memory_scripts_picking_and_stacking_presets_drift_from_the_mlps(env
     settings = {script: dataclasses.asdict(importlib.import_module(script).task_args(env_id)) for script in SCRIPTS}
     reference = settings[SCRIPTS[0]]
     for script in SCRIPTS[1:]:
-        shared = (reference.keys() & settings[script].keys()) - RUN_NAMES
+        shared = (reference.keys() & settings[script].keys()) - RUN_NAMES - MEASURED_DRIFT.get((script, env_id), set())
         drifted = {name: (reference[name], settings[script][name]) for name in sorted(shared)
                    if reference[name] != settings[script][name]}
         assert not drifted, f"{script}.py's {env_id} preset differs from {SCRIPTS[0]}.py's: {drifted}"
