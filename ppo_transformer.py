@@ -235,7 +235,7 @@ PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDU
 # The cube tasks: ManiSkill3's PPO settings for PushCube-v1 and PickCube-v1 (gamma 0.8, lambda 0.9) on the arm's.
 PRESETS["FrankaPushCube-v0"] = dict(gamma=0.8, gae_lambda=0.9, total_timesteps=10_000_000)
 # Picking also takes ManiSkill3's network (heads 3x256, std 0.6) and updates (8 epochs x 32 minibatches at a constant
-# 3e-4, epochs stopped past KL 0.1), as ppo_continuous.py's: on the arm's its MLP lifted the cube, never to the goal.
+# 3e-4; the KL check below), as ppo_continuous.py's: on the arm's its MLP lifted the cube, never to the goal.
 # Raw observations: with the normaliser, having seen the cube resting (its height's std 5-7 mm), this network slid the
 # cube along the table for 5M steps and never lifted it (0% solved); without it, 99% first at 3.2M (seed 1; seed 2
 # 81% at 3.7M, then fell apart when one epoch's KL reached 5; seed 3 99.8%, 72.4% at 5M, the KL checked at each
