@@ -728,12 +728,12 @@ def iteration_scalars(agent: Agent, update_stats: dict, rollout: RolloutBuffers,
     return scalars
 
 
-def train(args: Args, on_iteration=None) -> dict:
+def train(args: Args, on_iteration=None, typed_flags: set[str] | None = None) -> dict:
     """Trains, logs to runs/<run>/ and returns a summary: final returns, global step, run directory and the
     per-iteration metrics (`history`). Under torchrun, every process calls it; process 0 writes the run.
     `on_iteration(metrics)`, if given, sees each iteration's history entry (a sweep's pruner); an exception it
-    raises ends the run, envs and logs closed."""
-    args, rank, checkpoint, policy_device, (rollout_threads, update_threads) = start_run(args)
+    raises ends the run, envs and logs closed. `typed_flags`: see flags_given (the command line passes them)."""
+    args, rank, checkpoint, policy_device, (rollout_threads, update_threads) = start_run(args, typed_flags)
     # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
     vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
                    render=args.capture_video and rank == 0)
@@ -924,20 +924,34 @@ RESUME_MAY_CHANGE = ("total_timesteps", "progress_bar", "torch_threads", "update
 DEVICE_FLAGS = ("cuda", "policy_device", "sim_device")
 
 
-def flags_given(args: Args, ignored: tuple[str, ...]) -> dict:
-    """The flags of `args` away from the script's defaults, but for `ignored`: those given, where the command line
-    parsed against the defaults (it does so from a checkpoint) or a caller built Args with them."""
+def flags_given(args: Args, ignored: tuple[str, ...], typed_flags: set[str] | None = None) -> dict:
+    """The flags given in `args`, but for `ignored`: those typed on the command line (`typed_flags`, from
+    flags_typed), or, where a caller built Args itself (None), those away from the script's defaults. The command
+    line's own names count, so that a flag typed with the default's value (`--total-timesteps 6000000` resuming a
+    run of 5M) is not taken for one left out."""
     defaults = Args()
-    return {f.name: getattr(args, f.name) for f in fields(Args)
-            if f.name not in ignored and getattr(args, f.name) != getattr(defaults, f.name)}
+    return {f.name: getattr(args, f.name) for f in fields(Args) if f.name not in ignored and (
+        f.name in typed_flags if typed_flags is not None else getattr(args, f.name) != getattr(defaults, f.name))}
 
 
-def resumed_args(args: Args, checkpoint: dict) -> Args:
-    """The checkpoint's flags, with those given in `args` that a resume may change."""
+def flags_typed(argv: list[str]) -> set[str]:
+    """The Args fields a command line names (`--num-envs 8`, `--num-envs=8`, `--no-norm-obs`)."""
+    names = {f.name for f in fields(Args)}
+    typed = set()
+    for token in argv:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            typed.add(name if name in names else name.removeprefix("no_"))
+    return typed & names
+
+
+def resumed_args(args: Args, checkpoint: dict, typed_flags: set[str] | None = None) -> Args:
+    """The checkpoint's flags, with those given in `args` (see flags_given) that a resume may change."""
     saved = args_from_checkpoint(checkpoint)
     not_flags = ("resume", "eval_checkpoint", "export_checkpoint", "world_size", "batch_size", "minibatch_size",
                  "num_iterations")
-    changed = {name: value for name, value in flags_given(args, not_flags).items() if value != getattr(saved, name)}
+    changed = {name: value for name, value in flags_given(args, not_flags, typed_flags).items()
+               if value != getattr(saved, name)}
     may_change = ", ".join("--" + name.replace("_", "-") for name in RESUME_MAY_CHANGE)
     for name, value in changed.items():
         if name not in RESUME_MAY_CHANGE + DEVICE_FLAGS:
@@ -950,7 +964,8 @@ def resumed_args(args: Args, checkpoint: dict) -> Args:
     return dataclasses.replace(saved, **changed, resume=args.resume)
 
 
-def start_run(args: Args) -> tuple[Args, int, dict | None, torch.device, tuple[int, int]]:
+def start_run(args: Args, typed_flags: set[str] | None = None
+              ) -> tuple[Args, int, dict | None, torch.device, tuple[int, int]]:
     """What comes before any env: torchrun's process group, the checkpoint to resume (whose flags then replace
     these, but for those a resume may change), the flags checked, the devices, the seed and the threads. Returns the
     flags, this process's rank, the checkpoint (or None), the policy's device and the (rollout, update) threads."""
@@ -960,7 +975,7 @@ def start_run(args: Args) -> tuple[Args, int, dict | None, torch.device, tuple[i
         if "torch_rng" not in checkpoint:  # written before checkpoints were one dict of stateful objects
             raise UsageError(f"--resume {args.resume}: a checkpoint of an older version of this script, which cannot "
                              "be continued; it still evaluates (--eval-checkpoint), or start a new run")
-        args = resumed_args(args, checkpoint)
+        args = resumed_args(args, checkpoint, typed_flags)
     args = resolve_args(args)
     policy_device = pick_device(args.policy_device, "--policy-device")
     pick_device(args.sim_device, "--sim-device")
@@ -1687,17 +1702,17 @@ def parse_args(argv: list[str] | None = None) -> Args:
             env_id = argv[i + 1]
         elif flag.startswith("--env-id="):
             env_id = flag.split("=", 1)[1]
-    # From a checkpoint (resume, evaluate, export) the flags are its own: parsed against the script's defaults, the
-    # ones given stand out.
+    # From a checkpoint (resume, evaluate, export) the flags are its own: parsed against the script's defaults, and
+    # those typed (flags_typed) replace the checkpoint's where they may.
     from_checkpoint = any(flag.split("=", 1)[0] in ("--resume", "--eval-checkpoint", "--export-checkpoint")
                           for flag in argv)
     return tyro.cli(Args, args=argv, default=Args() if from_checkpoint else task_args(env_id))
 
 
-def refuse_unused_flags(args: Args, mode: str, used: tuple[str, ...]) -> None:
+def refuse_unused_flags(args: Args, typed_flags: set[str], mode: str, used: tuple[str, ...]) -> None:
     """Evaluating or exporting a checkpoint reads `used` of the command line and the rest from the checkpoint; any
-    other flag given would do nothing, so it is refused rather than ignored."""
-    unused = list(flags_given(args, used))
+    other flag typed would do nothing, so it is refused rather than ignored."""
+    unused = list(flags_given(args, used, typed_flags))
     if unused:
         raise UsageError(f"--{unused[0].replace('_', '-')} does nothing with {mode} (the checkpoint holds the run's "
                          "flags); leave it out")
@@ -1729,18 +1744,20 @@ def cli(argv: list[str] | None = None) -> None:
     """Trains, evaluates --eval-checkpoint, or exports --export-checkpoint. Bad input ends with one line naming the
     flag and the fix (exit status 2); a failing env with one line and exit status 1; a run stopped by SIGINT or
     SIGTERM, once its checkpoint is saved, with 128 + the signal's number, as a shell reports a signalled process."""
-    args = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args, typed_flags = parse_args(argv), flags_typed(argv)
     try:
         if args.eval_checkpoint:
-            refuse_unused_flags(args, "--eval-checkpoint", ("eval_checkpoint", "eval_episodes", "capture_video", "cuda",
-                                                            "policy_device", "sim_device", "progress_bar"))
+            refuse_unused_flags(args, typed_flags, "--eval-checkpoint", (
+                "eval_checkpoint", "eval_episodes", "capture_video", "cuda", "policy_device", "sim_device",
+                "progress_bar"))
             devices = ("cuda", "cuda") if args.cuda else (args.policy_device, args.sim_device)
             evaluate(args.eval_checkpoint, args.eval_episodes, args.capture_video, *devices)
         elif args.export_checkpoint:
-            refuse_unused_flags(args, "--export-checkpoint", ("export_checkpoint", "progress_bar"))
+            refuse_unused_flags(args, typed_flags, "--export-checkpoint", ("export_checkpoint", "progress_bar"))
             export_policy(args.export_checkpoint)
         else:
-            summary = train(args)
+            summary = train(args, typed_flags=typed_flags)
             print_run_end(summary)
             if summary["stopped_by"]:
                 raise SystemExit(128 + summary["stopped_by"])

@@ -28,7 +28,7 @@ PLUMBING = (
     "UsageError", "check_flags", "pick_device", "start_run", "mean_std_over_processes", "init_distributed",
     "average_over_processes", "gather_processes", "merge_processes", "EnvStepError", "create_run_dir", "run_dir_of",
     "save_checkpoint", "load_checkpoint", "args_from_checkpoint", "RESUME_MAY_CHANGE", "DEVICE_FLAGS", "flags_given",
-    "resumed_args", "restore", "StopSignal", "open_logs", "step_envs",
+    "flags_typed", "resumed_args", "restore", "StopSignal", "open_logs", "step_envs",
     "video_saved", "elapsed_since", "show_progress", "RolloutReports", "write_logs", "Run", "evaluate",
     "EVAL_SEED_OFFSET", "EVAL_NAMES", "evaluation_envs", "run_episodes", "deployed_policy", "OnnxPolicy",
     "export_policy", "make_env", "parse_args", "refuse_unused_flags", "print_run_end",

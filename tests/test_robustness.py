@@ -137,6 +137,13 @@ CLI_CASES = [
     ("ppo_recurrent", ["--resume", "{ppo_recurrent}", "--total-timesteps", "100000", "--learning-rate", "0.5"],
      "--learning-rate 0.5: the run being resumed has 0.001"),
     ("ppo_transformer", ["--resume", "{ppo_transformer}", "--env-id", "Pendulum-v1"], "--env-id 'Pendulum-v1'"),
+    # Typed with the script's default value: typed all the same, so refused like any other value.
+    ("ppo_continuous", ["--resume", "{ppo_continuous}", "--env-id", "FrankaReach-v0"],
+     "--env-id 'FrankaReach-v0': the run being resumed has"),
+    ("ppo_recurrent", ["--eval-checkpoint", "{ppo_recurrent}", "--num-envs", "1024"],
+     "--num-envs does nothing with --eval-checkpoint"),
+    ("ppo_transformer", ["--export-checkpoint", "{ppo_transformer}", "--norm-obs"],
+     "--norm-obs does nothing with --export-checkpoint"),
     *((script, ["--env-id", "PendulumNoVel-v1", "--compile-mode", "reduce-overhead"], "--compile-mode must be used with "
        "--compile") for script in ("ppo_continuous", "ppo_recurrent", "ppo_transformer")),
 ]
@@ -446,6 +453,29 @@ def test_resume_after_kill_9_past_the_checkpoint_never_logs_a_step_twice(tmp_pat
     resumed = run_cli("ppo_continuous", "--resume", run_dir, "--no-progress-bar", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert scalar_steps(run_dir)["charts/SPS"] == [128 * i for i in range(1, 61)]  # each iteration once, in order
+
+
+class Started(Exception):
+    """Raised in place of training, once start_run has settled a run's flags."""
+
+
+def test_resume_on_the_command_line_takes_a_flag_typed_with_the_default_value(script, checkpoints, in_tmp,
+                                                                               monkeypatch):
+    """Bug: a flag counted as given only when away from the script's default, so resuming a 5M-step run with
+    `--total-timesteps 6000000` (the default) kept the checkpoint's 5M and ended at once, the 6M silently dropped."""
+    module, settled = script.module, {}
+    real_start_run = module.start_run
+
+    def start_run_and_stop(*args):
+        settled["args"] = real_start_run(*args)[0]
+        raise Started
+
+    monkeypatch.setattr(module, "start_run", start_run_and_stop)
+    default = module.Args().total_timesteps
+    with pytest.raises(Started):
+        module.cli(["--resume", checkpoints[script.name], "--total-timesteps", str(default), "--no-progress-bar"])
+    assert settled["args"].total_timesteps == default
+    assert settled["args"].env_id == torch.load(checkpoints[script.name], weights_only=True)["args"]["env_id"]
 
 
 def test_resume_continues_in_the_directory_that_holds_the_checkpoint(script, in_tmp, monkeypatch):
