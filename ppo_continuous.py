@@ -927,8 +927,8 @@ DEVICE_FLAGS = ("cuda", "policy_device", "sim_device")
 def flags_given(args: Args, ignored: tuple[str, ...], typed_flags: set[str] | None = None) -> dict:
     """The flags given in `args`, but for `ignored`: those typed on the command line (`typed_flags`, from
     flags_typed), or, where a caller built Args itself (None), those away from the script's defaults. The command
-    line's own names count, so that a flag typed with the default's value (`--total-timesteps 6000000` resuming a
-    run of 5M) is not taken for one left out."""
+    line's own names count, so that a flag typed with the default's value (`--total-timesteps` with the script's
+    default, to lengthen a shorter run) is not taken for one left out."""
     defaults = Args()
     return {f.name: getattr(args, f.name) for f in fields(Args) if f.name not in ignored and (
         f.name in typed_flags if typed_flags is not None else getattr(args, f.name) != getattr(defaults, f.name))}

@@ -114,7 +114,7 @@ RUN_NAMES = {"exp_name", "wandb_project_name"}
 # Measured departures from the MLP's preset: the GRU picks on normalised observations with the KL checked at each
 # epoch's end against 0.1 (the MLP's preset until 2026-11-28; 99.7% solved, seed 1); on the MLP's raw observations and
 # check after every minibatch against 0.15 seeds 1 and 3 solved, seed 2 stayed on the plateau to 6M; the GRU's own
-# settings on seeds 2 and 3 not yet run: benchmarks/results/presets.md.
+# settings: seed 2 on the same plateau when stopped at 3.07M, seed 3 not yet run: benchmarks/results/presets.md.
 MEASURED_DRIFT = {("ppo_recurrent", "FrankaPickCube-v0"): {"norm_obs", "target_kl", "target_kl_per_minibatch"}}
 
 
