@@ -146,8 +146,9 @@ step_reach() {  # item 4: FrankaReach-v0 at 4096 envs with each script's preset,
 step_pick() {  # item 5: picking at 4096 envs with ManiSkill3's short rollouts (ppo_fast: 4096 envs x 8 steps);
     # 59.5% at 5M steps and rising on the second GPU session; on the third (--compile) 81% at 7.86M, then a collapse
     # (KL 1.5-13 per update): PICK_FLAGS by default also stops the epochs at the first minibatch over --target-kl,
-    # as ManiSkill3's ppo_fast does, and adds CUDA graphs (the update halved on the Go2, fifth GPU session). 10M
-    # steps by default (PICK_STEPS), about 4.5 minutes alone.
+    # as ManiSkill3's ppo_fast does, and adds CUDA graphs (the update halved on the Go2, fifth GPU session); so on
+    # the sixth: 93.5% at 2.95M, no collapse to 10M. 10M steps by default (PICK_STEPS): 3.2 min of training and
+    # evaluations after a fresh machine's 3.5 min start.
     run ${PICK_LIMIT:-540} $PY ppo_continuous.py --env-id FrankaPickCube-v0 $DEVICE --num-envs $ENVS --num-steps 8 \
         --total-timesteps $([ $SCALE = 1 ] && echo 128 || echo ${PICK_STEPS:-10000000}) --eval-interval 10 \
         --eval-episodes $EPISODES --exp-name gpu_pick_short \
