@@ -398,11 +398,22 @@ def test_terrain_eval_reports_the_curriculums_end_per_type_and_each_level_evalua
         terrain_eval.main(terrain_eval.Args(run_dirs=(str(tmp_path),), out_dir=str(tmp_path / "out")))
 
 
+def stand_in_script(monkeypatch, train) -> None:
+    """benchmarks/gpu_checks.py importing a stand-in script whose `train` is the one given. Only gpu_checks's own
+    import is replaced: torch imports its submodules lazily through importlib.import_module, so replacing that for
+    the whole process broke torch in whichever test first needed such a submodule (the order of a parallel run)."""
+    import types
+
+    from benchmarks import gpu_checks
+
+    fake = types.SimpleNamespace(task_args=lambda env_id, **flags: types.SimpleNamespace(**flags), train=train)
+    monkeypatch.setattr(gpu_checks, "importlib", types.SimpleNamespace(import_module=lambda name: fake))
+
+
 def test_gpu_sync_count_names_the_project_line_of_each_sync_and_keeps_the_lines_that_grow_with_the_steps(
         monkeypatch, capsys):
     """Bugs: syncs put on torch's own line or the checker's (every warning in one bucket, no line to fix), or lines
     that sync once per iteration reported as per-step ones (the counts of the two rollout lengths not compared)."""
-    import types
     import warnings
 
     import torch
@@ -422,8 +433,7 @@ def test_gpu_sync_count_names_the_project_line_of_each_sync_and_keeps_the_lines_
             per_step_sync()
         warnings.warn("an unrelated warning")
 
-    fake = types.SimpleNamespace(task_args=lambda env_id, **flags: types.SimpleNamespace(**flags), train=train)
-    monkeypatch.setattr(gpu_checks.importlib, "import_module", lambda name: fake)
+    stand_in_script(monkeypatch, train)
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)  # a CPU build has no CUDA to watch
     gpu_checks.syncs(gpu_checks.Syncs(scripts=["fake"], num_steps=3, iterations=2))
     report = json.loads(capsys.readouterr().out.splitlines()[-1])["fake"]
@@ -473,8 +483,7 @@ def test_gpu_busy_check_times_its_reference_iteration_with_the_profiler_off(monk
     clock = (2.0**k for k in itertools.count())  # iteration m (1-based, m >= 2) lasts 2 ** (m - 2)
     monkeypatch.setattr(gpu_checks, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     monkeypatch.setattr(torch.profiler, "profile", Spy)
-    fake = types.SimpleNamespace(task_args=lambda env_id, **flags: types.SimpleNamespace(**flags), train=train)
-    monkeypatch.setattr(gpu_checks.importlib, "import_module", lambda name: fake)
+    stand_in_script(monkeypatch, train)
     report = gpu_checks.busy(gpu_checks.Busy(num_envs=2, num_steps=4, rows=1))
     untraced, traced = (int(math.log2(report[key])) + 2 for key in ("untraced_s", "traced_s"))
     assert actions[untraced - 1] == ProfilerAction.NONE
@@ -484,8 +493,6 @@ def test_gpu_busy_check_times_its_reference_iteration_with_the_profiler_off(monk
 def test_gpu_busy_check_traces_the_compiled_run_when_asked(monkeypatch, capsys):
     """Bug: busy's --compile (or --compile-mode) not reaching the traced script (the eager run traced under the
     compiled run's name, or the compiled run without its CUDA graphs)."""
-    import types
-
     from benchmarks import gpu_checks
 
     seen = []
@@ -495,8 +502,7 @@ def test_gpu_busy_check_traces_the_compiled_run_when_asked(monkeypatch, capsys):
         for _ in range(run_args.total_timesteps // (run_args.num_steps * run_args.num_envs)):
             on_iteration({})
 
-    fake = types.SimpleNamespace(task_args=lambda env_id, **flags: types.SimpleNamespace(**flags), train=train)
-    monkeypatch.setattr(gpu_checks.importlib, "import_module", lambda name: fake)
+    stand_in_script(monkeypatch, train)
     for compiled, mode in ((False, "default"), (True, "default"), (True, "reduce-overhead")):
         gpu_checks.busy(gpu_checks.Busy(num_envs=2, num_steps=4, rows=1, compile=compiled, compile_mode=mode))
     assert seen == [(False, "default"), (True, "default"), (True, "reduce-overhead")]
