@@ -1,8 +1,9 @@
 #!/bin/bash
 # Issue 51's GPU checks as one command, cheapest first; benchmarks/results/gpu.md says what each has measured so far.
 #
-#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 static memory gym tests compile cudagraphs split
-#                                               reach pick torchrun resume profile busy contacts (default: all)
+#   bash benchmarks/gpu_session.sh [STEP ...]   steps: sim syncs go2 static memory gru_graphs gym tests compile
+#                                               cudagraphs split reach pick torchrun resume profile busy contacts
+#                                               (default: all)
 #
 # Run it from the repository root on a CUDA machine with the project's packages importable. Each step is stamped
 # with the clock in $OUT/log.txt (default gpu_out/), so wall times can be read against the runs' TensorBoard events,
@@ -84,6 +85,26 @@ step_memory() {  # item 2: the recurrent and transformer scripts on CUDA, their 
             run 120 $PY $script.py --eval-checkpoint "$checkpoint" --eval-episodes $EPISODES --policy-device $policy \
                 --sim-device $([ $SCALE = 1 ] && echo cpu || echo cuda)
         done
+    done
+}
+
+step_gru_graphs() {  # items 2 and 6: the GRU's update under CUDA graphs (sixth GPU session: a new graph recorded for
+    # each shape of its segmented sequences, which depend on where episodes start) against eager and against graphs
+    # kept to its static-shape calls (inductor's cudagraph_skip_dynamic_graphs); the same 10 iterations each, one
+    # sitting (update_s in the events)
+    local n=$([ $SCALE = 1 ] && echo 2 || echo 10) flags prelude
+    for mode in eager graphs graphs_static; do
+        flags="--compile --compile-mode reduce-overhead" prelude="pass"
+        [ $mode = eager ] && flags=""
+        [ $mode = graphs_static ] && prelude="import torch._inductor.config as c
+c.triton.cudagraph_skip_dynamic_graphs = True"
+        run 200 $PY -c "import sys
+$prelude
+import ppo_recurrent
+sys.argv[0] = 'ppo_recurrent.py'
+ppo_recurrent.cli()" \
+            --env-id Go2WalkNoVel-v0 $DEVICE --num-envs $ENVS --total-timesteps $(steps_of $n) --eval-interval 0 \
+            --exp-name gpu_gru_$mode $flags $QUIET
     done
 }
 
@@ -194,8 +215,8 @@ if [ $SCALE = 0 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$LOG"
 fi
 $PY -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" 2>&1 | tee -a "$LOG"
-for step in ${@:-sim syncs go2 static memory gym tests compile cudagraphs split reach pick torchrun resume profile \
-    busy contacts}; do
+for step in ${@:-sim syncs go2 static memory gru_graphs gym tests compile cudagraphs split reach pick torchrun resume \
+    profile busy contacts}; do
     stamp "$step"
     "step_$step" || echo "$step: exit $?" | tee -a "$LOG"
     tar czf "$OUT/runs.tgz" --exclude='*.pt' runs/*__gpu_* runs/*__syncs__* 2>/dev/null
