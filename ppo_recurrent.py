@@ -954,7 +954,7 @@ def train(args: Args, on_iteration=None, typed_flags: set[str] | None = None) ->
     rollout = RolloutBuffers.allocate(args, vec, agent.state_size, policy_device, critic_obs_dim)
     reports = RolloutReports(T, N, policy_device)
     run = Run(args, rank, policy_device, vec, stateful, own_stateful, carry, checkpoint, on_iteration)
-    iteration, stopping = start_iteration - 1, None
+    iteration, stopping, ended = start_iteration - 1, None, False
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             run.keep_last_completed(iteration - 1, global_step)
@@ -993,10 +993,11 @@ def train(args: Args, on_iteration=None, typed_flags: set[str] | None = None) ->
                      periodic=iteration % args.checkpoint_interval == 0 or iteration == args.num_iterations or stopping)
             if stopping:
                 break
+        ended = True
     except EnvStepError as error:
         run.save_after_env_error(error)
     finally:
-        run.close()
+        run.close(ended_in_every_process=ended)
     return run.summary(iteration, global_step, stopping)
 
 
@@ -1681,7 +1682,11 @@ class Run:
         if self.progress is not None:
             show_progress(self.progress, metrics, self.recent_returns)
 
-    def close(self) -> None:
+    def close(self, ended_in_every_process: bool) -> None:
+        """Flushes and closes what the run opened. Under torchrun, a run that ended in every process (its last
+        iteration, or a stop signal) waits here for the others before leaving: torchrun ends the other processes as
+        soon as one exits with a failure status (a run stopped by a signal exits with 128 + its number), and process
+        0 may still be writing the last checkpoint and logs."""
         self.stop.restore()
         if self.progress is not None:
             self.progress.close()
@@ -1693,6 +1698,8 @@ class Run:
         if self.wandb_run is not None:
             self.wandb_run.finish()
         if dist.is_initialized():
+            if ended_in_every_process:
+                dist.barrier()
             dist.destroy_process_group()
 
     def summary(self, iteration: int, global_step: int, stopped_by: int | None) -> dict:

@@ -307,6 +307,34 @@ def test_a_process_that_dies_or_hangs_stops_the_other_with_one_line_within_the_t
     assert elapsed < SLOW_MACHINE_S
 
 
+def _train_with_process_0_slow_to_write_checkpoints(rank, name, flags):
+    """Trains with every checkpoint write of process 0 taking two seconds longer; returns when this process's
+    train() returned and when its last checkpoint write ended (None on the others, which write none)."""
+    script = script_named(name)
+    save_checkpoint, written = script.module.save_checkpoint, []
+
+    def slow_save_checkpoint(*args, **kwargs):
+        time.sleep(2.0)
+        save_checkpoint(*args, **kwargs)
+        written.append(time.time())
+
+    script.module.save_checkpoint = slow_save_checkpoint
+    script.module.train(script.args(**flags))
+    return {"returned": time.time(), "last_written": written[-1] if written else None}
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_no_process_leaves_train_before_process_0_has_written_the_last_checkpoint(name, tmp_path):
+    """Bug: process 1 leaving (and exiting) while process 0 still writes the last checkpoint. A run stopped by a
+    signal exits with 128 + its number, a failure to torchrun, which then ends the other processes: process 0 was
+    sent SIGTERM in the middle of its checkpoint and logs (seen in CI as a second 'SIGTERM: finishing' line)."""
+    flags = tiny_flags(name, eval_interval=0)
+    flags["total_timesteps"] = flags["num_envs"] * flags["num_steps"] * WORLD  # one iteration, its checkpoint last
+    ends = run_processes(_train_with_process_0_slow_to_write_checkpoints, name, flags, cwd=tmp_path)
+    assert ends[0]["last_written"] is not None and ends[1]["last_written"] is None
+    assert ends[1]["returned"] >= ends[0]["last_written"]
+
+
 def test_torchrun_cli_sigterm_to_one_process_stops_both_after_the_same_iteration_with_one_checkpoint(tmp_path):
     """The real entry point: `torchrun ... ppo_continuous.py` trains with two processes; SIGTERM reaching one of
     them (not torchrun, which would forward it to both) stops both after the same iteration, with one checkpoint
