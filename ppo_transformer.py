@@ -2127,8 +2127,12 @@ def print_run_end(summary: dict) -> None:
         lines.append(f"best:     {os.path.join(summary['run_dir'], 'checkpoint_best.pt')} (iteration "
                      f"{summary['best_eval']['iteration']}: " + (f"eval success {success[0]:.1%}, " if success else "")
                      + f"eval return {mean_return:.2f})")
-    if summary["stopped_by"]:
-        lines.append(f"resume:   python {script} --resume {summary['run_dir']}")
+    if summary["stopped_by"]:  # under torchrun, with as many processes (the checkpoint holds each one's envs)
+        world, per_node = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        launcher = f"python {script}" if world == 1 else (
+            f"torchrun --standalone --nproc-per-node {world} {script}" if world == per_node else
+            f"torchrun --nnodes {world // per_node} --nproc-per-node {per_node} <rendezvous flags as before> {script}")
+        lines.append(f"resume:   {launcher} --resume {summary['run_dir']}")
     print("\n".join(lines), flush=True)
 
 

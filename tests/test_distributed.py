@@ -12,6 +12,7 @@ import io
 import multiprocessing
 import os
 import queue
+import signal
 import socket
 import time
 
@@ -335,11 +336,12 @@ def test_no_process_leaves_train_before_process_0_has_written_the_last_checkpoin
     assert ends[1]["returned"] >= ends[0]["last_written"]
 
 
-def test_torchrun_cli_sigterm_to_one_process_stops_both_after_the_same_iteration_with_one_checkpoint(tmp_path):
+@pytest.mark.parametrize("target", ["one process", "torchrun"])
+def test_torchrun_cli_sigterm_to_one_process_stops_both_after_the_same_iteration_with_one_checkpoint(target, tmp_path):
     """The real entry point: `torchrun ... ppo_continuous.py` trains with two processes; SIGTERM reaching one of
-    them (not torchrun, which would forward it to both) stops both after the same iteration, with one checkpoint
-    holding both processes' envs (without the stop request shared, the other process would wait for it forever)."""
-    import signal
+    them stops both after the same iteration, with one checkpoint holding both processes' envs (without the stop
+    request shared, the other process would wait for it forever); reaching torchrun (Slurm's time limit signals the
+    whole step), it is forwarded to both, which stop the same way before torchrun's --shutdown-timeout."""
     import subprocess
     import sys
 
@@ -360,19 +362,39 @@ def test_torchrun_cli_sigterm_to_one_process_stops_both_after_the_same_iteration
             return workers if len(workers) == 2 else None
 
         workers = wait_until(two_workers, "finding torchrun's two worker processes", process=launcher)
-        os.kill(int(workers[-1]), signal.SIGTERM)
-        output = communicate(launcher, "both processes stopping after SIGTERM reached one")
+        os.kill(int(workers[-1]) if target == "one process" else launcher.pid, signal.SIGTERM)
+        output = communicate(launcher, f"both processes stopping after SIGTERM reached {target}")
     finally:
         launcher.kill()
-    assert output.count("SIGTERM: finishing this iteration") == 1  # one process got it
+    assert output.count("SIGTERM: finishing this iteration") == (1 if target == "one process" else 2)
     assert "lost the others" not in output and "error:" not in output  # the other one stopped with it, cleanly
     (run_dir,) = glob.glob(str(tmp_path / "runs" / "*"))
+    relative = os.path.relpath(run_dir, tmp_path)
+    assert f"resume:   torchrun --standalone --nproc-per-node 2 ppo_continuous.py --resume {relative}" in output
     checkpoint = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)
     assert checkpoint["world_size"] == 2 and len(checkpoint["other_processes"]) == 1
     assert checkpoint["global_step"] == checkpoint["iteration"] * 2 * 2 * 64 >= 2 * 2 * 2 * 64
     saved = sorted(glob.glob(os.path.join(run_dir, "checkpoint_[0-9]*.pt")))
     assert saved[-1].endswith(f"checkpoint_{checkpoint['iteration']:06d}.pt")
     assert not checkpoint["other_processes"][0]["next_obs_raw"].equal(checkpoint["next_obs_raw"])  # its own envs
+
+
+@pytest.mark.parametrize("world,per_node,launcher", [
+    (1, 1, "python {}"),
+    (2, 2, "torchrun --standalone --nproc-per-node 2 {}"),
+    (16, 8, "torchrun --nnodes 2 --nproc-per-node 8 <rendezvous flags as before> {}"),
+])
+def test_a_stopped_torchrun_run_is_told_to_resume_with_as_many_processes(script, monkeypatch, capsys, world,
+                                                                         per_node, launcher):
+    """Bug: a run of two processes stopped by SIGTERM told to resume with `python script.py --resume`, which one
+    process refuses (the checkpoint holds two processes' envs)."""
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node))
+    script.module.print_run_end({"run_dir": "runs/a", "checkpoint": "runs/a/checkpoint.pt", "history": [],
+                                 "iteration": 3, "global_step": 96, "mean_recent_return": -1.0,
+                                 "stopped_by": signal.SIGTERM, "best_eval": None})
+    out = capsys.readouterr().out
+    assert f"resume:   {launcher.format(script.name + '.py')} --resume runs/a\n" in out + "\n"
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
