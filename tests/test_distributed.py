@@ -340,8 +340,8 @@ def test_no_process_leaves_train_before_process_0_has_written_the_last_checkpoin
 def test_torchrun_cli_sigterm_to_one_process_stops_both_after_the_same_iteration_with_one_checkpoint(target, tmp_path):
     """The real entry point: `torchrun ... ppo_continuous.py` trains with two processes; SIGTERM reaching one of
     them stops both after the same iteration, with one checkpoint holding both processes' envs (without the stop
-    request shared, the other process would wait for it forever); reaching torchrun (Slurm's time limit signals the
-    whole step), it is forwarded to both, which stop the same way before torchrun's --shutdown-timeout."""
+    request shared, the other process would wait for it forever); reaching torchrun (as under `srun torchrun` or
+    `timeout`), it is forwarded to both, which stop the same way before torchrun's --shutdown-timeout."""
     import subprocess
     import sys
 
