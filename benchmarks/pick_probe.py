@@ -47,6 +47,16 @@ class Args:
     """act with this checkpoint's deployed policy (any of the three scripts') instead of the script"""
 
 
+def deployed_policy(checkpoint: str, vec):
+    """A checkpoint's policy as deployed (mean action, frozen normaliser), built by the script that wrote it, on the
+    CPU; `checkpoint` is a checkpoint file or a run directory (its checkpoint.pt)."""
+    path = os.path.join(checkpoint, "checkpoint.pt") if os.path.isdir(checkpoint) else checkpoint
+    written_by = torch.load(path, map_location="cpu", weights_only=True).get("script", "ppo_continuous")
+    script = importlib.import_module(written_by)  # checkpoints from before it was recorded: ppo_continuous.py's
+    loaded = script.load_checkpoint(path, "--checkpoint")
+    return script.deployed_policy(script.args_from_checkpoint(loaded), vec, loaded, torch.device("cpu"))
+
+
 def main(args: Args) -> dict:
     vec = envs.make("FrankaPickCube-v0", num_envs=args.num_envs, seed=args.seed, sim_device="cpu",
                     stagger_episodes=False)
@@ -58,11 +68,7 @@ def main(args: Args) -> dict:
     obs, _ = vec.reset()
     policy = None
     if args.checkpoint:
-        path = os.path.join(args.checkpoint, "checkpoint.pt") if os.path.isdir(args.checkpoint) else args.checkpoint
-        written_by = torch.load(path, map_location="cpu", weights_only=True).get("script", "ppo_continuous")
-        script = importlib.import_module(written_by)  # checkpoints from before it was recorded: ppo_continuous.py's
-        checkpoint = script.load_checkpoint(path, "--checkpoint")
-        policy = script.deployed_policy(script.args_from_checkpoint(checkpoint), vec, checkpoint, torch.device("cpu"))
+        policy = deployed_policy(args.checkpoint, vec)
         memory = policy.initial_memory(args.num_envs, obs.device)  # one episode per env: never reset
     n = args.num_envs
     down = torch.tensor((0.0, 1.0, 0.0, 0.0), device=gs.device).expand(n, 4)  # the gripper pointing down

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import envs
+from benchmarks import stack_probe
 from conftest import check_episode_statistics, check_resume, check_seeding
 from envs.franka import TCP_OFFSET
 from envs.franka_cube import CUBE_HALF_SIZE, CUBE_SEPARATION
@@ -539,6 +540,46 @@ def test_holding_a_on_b_pays_more_the_further_the_gripper_is_commanded_open(scen
         _, _, _, _, info = stack.step(squeeze)
     assert not stack.held.any()
     torch.testing.assert_close(info["reward_terms"]["release"], torch.full((4,), 0.0625))
+
+
+def test_the_stack_probe_opens_the_gripper_after_the_steps_on_b_asked_and_keeps_it_open():
+    """Bugs in benchmarks/stack_probe.py's forced release: an env opened a step early or late, reclosed once A leaves
+    B, the policy's own action changed in place, or the arm held where --freeze-arm was not given (or moved where it
+    was)."""
+    policy_action = torch.full((4, 8), -0.5)
+    on_b_steps = torch.tensor((3, 2, 0, 0))
+    opened = torch.tensor((False, False, False, True))  # env 3 opened earlier, A since knocked off B
+    action, now_opened = stack_probe.force_release(policy_action, on_b_steps, opened, 3, freeze_arm=False)
+    assert now_opened.tolist() == [True, False, False, True]
+    assert action[:, 7].tolist() == [1.0, -0.5, -0.5, 1.0] and (action[:, :7] == -0.5).all()
+    assert (policy_action == -0.5).all()
+    action, _ = stack_probe.force_release(policy_action, on_b_steps, opened, 3, freeze_arm=True)
+    assert (action[[0, 3], :7] == 0).all() and (action[[1, 2], :7] == -0.5).all()
+    action, never = stack_probe.force_release(policy_action, torch.full((4,), 50), torch.zeros(4, dtype=torch.bool), 0,
+                                              freeze_arm=True)
+    assert not never.any() and (action == policy_action).all()
+
+
+def test_the_stack_probe_lets_go_of_a_held_on_b_and_reports_it_solved(scenes):
+    """Bug: the probe's forced opening not reaching the task (a policy holding A on B counted as let go, or the opened
+    episodes not solved where A sits centred on B), or the outcome put in the wrong offset bin."""
+    stack = scenes["FrankaStackCube-v0"]
+    squeeze = torch.zeros(4, 8)
+    squeeze[:, 7] = -1.0
+    results = {}
+    for open_after in (0, 3):
+        obs, _ = stack.reset(seed=37)
+        hold_a_on_b(stack, torch.tensor([0, 1]))  # envs 2 and 3: A on the table, never on B
+        args = stack_probe.Args(checkpoint="unused", open_after=open_after, report_every=3)
+        results[open_after] = stack_probe.probe(stack, obs, lambda _: squeeze, args)
+    held, let_go = results[0], results[3]
+    assert held["opened"] == 0.0 and held["released_on_b"] == 0.0 and held["solved"] == 0.0
+    assert held["rows"][0]["on_b"] == 0.5 and held["rows"][0]["held_on_b"] == 1.0
+    assert let_go["opened"] == 0.5 and let_go["released_on_b"] == 0.5 and let_go["solved"] == 0.5
+    assert let_go["rows"][0]["opened"] == 0.0 and let_go["rows"][1]["opened"] == 0.5  # opened at the 4th step
+    centred = let_go["solved_by_offset_m"][0]
+    assert (centred["low"], centred["episodes"], centred["solved"]) == (0.0, 2, 1.0)
+    assert sum(entry["episodes"] for entry in let_go["solved_by_tilt_deg"]) == 2
 
 
 def test_stack_reward_is_maniskills_staged_reward_normalised_and_its_terms_add_up(scenes):
