@@ -38,7 +38,7 @@ class Args:
     checkpoint: str
     """the policy to probe: a checkpoint of any of the three scripts, or a run directory (its checkpoint.pt)"""
     env_id: str | None = None
-    """the stacking task to probe it on (default: the one it was trained on)"""
+    """the stacking task to probe it on (default: the one it was trained on, with its --env-kwargs)"""
     num_envs: int = 200
     """episodes, one per env"""
     seed: int = 0
@@ -126,11 +126,14 @@ def main(args: Args) -> dict:
     path = os.path.join(args.checkpoint, "checkpoint.pt") if os.path.isdir(args.checkpoint) else args.checkpoint
     if not os.path.isfile(path):
         sys.exit(f"stack_probe.py: --checkpoint {args.checkpoint}: no such checkpoint file or run directory")
-    env_id = args.env_id or torch.load(path, map_location="cpu", weights_only=True)["args"]["env_id"]
+    trained = torch.load(path, map_location="cpu", weights_only=True)["args"]
+    env_id = args.env_id or trained["env_id"]
     if not env_id.startswith("FrankaStackCube"):
         sys.exit(f"stack_probe.py: {env_id} is not a stacking task: pass --env-id FrankaStackCube-v0 or "
                  "FrankaStackCubeRandom-v0")
-    vec = envs.make(env_id, num_envs=args.num_envs, seed=args.seed, sim_device="cpu", stagger_episodes=False)
+    task_kwargs = (trained.get("env_kwargs") or {}) if env_id == trained["env_id"] else {}  # the task as trained
+    vec = envs.make(env_id, num_envs=args.num_envs, seed=args.seed, sim_device="cpu",
+                    **{**task_kwargs, "stagger_episodes": False})
     policy = deployed_policy(path, vec)
     memory = policy.initial_memory(args.num_envs, torch.device("cpu"))  # one episode per env: never reset
 

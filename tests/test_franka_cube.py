@@ -306,8 +306,8 @@ STACK_OF_SCRIPT = {"ppo_continuous": "FrankaStackCubeRandom-v0", "ppo_recurrent"
 
 def test_the_stack_stages_reach_the_logs_and_the_evaluation_report(script, in_tmp):
     """Bugs: a stacking preset that does not fit the task (the transformer's history on the randomised stack), the
-    stage metrics lost between info and TensorBoard/W&B or --eval-checkpoint's report, or the randomised stack's
-    critic observation not reaching a privileged critic."""
+    stage metrics lost between info and TensorBoard/W&B or --eval-checkpoint's report, the randomised stack's critic
+    observation not reaching a privileged critic, or benchmarks/stack_probe.py unable to run a script's checkpoint."""
     env_id = STACK_OF_SCRIPT[script.name]
     args = script.args(env_id=env_id, num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1,
                        total_timesteps=8 * 8 * 2, hidden_sizes=(16,), env_kwargs={"max_episode_steps": 5},
@@ -318,6 +318,9 @@ def test_the_stack_stages_reach_the_logs_and_the_evaluation_report(script, in_tm
         assert 0.0 <= h["episode_metrics/reached_stacked"] <= h["episode_metrics/reached_grasped"] <= 1.0
     result = script.module.evaluate(summary["checkpoint"], episodes=3, device="cpu", sim_device="cpu")
     assert result["episodes"] == 3 and 0.0 <= result["stage"] <= 3.0 and "reached_grasped" in result
+    probed = stack_probe.main(stack_probe.Args(checkpoint=summary["checkpoint"], num_envs=2, open_after=1,
+                                               report_every=1))  # the policy and its memory, as deployed
+    assert probed["episodes"] == 2 and len(probed["rows"]) == 4 and 0.0 <= probed["solved"] <= 1.0
 
 
 @pytest.mark.parametrize("env_id,kwargs,match", [
