@@ -47,10 +47,15 @@ class Args:
     """act with this checkpoint's deployed policy (any of the three scripts') instead of the script"""
 
 
+def checkpoint_file(checkpoint: str) -> str:
+    """The checkpoint file that `checkpoint` names: itself, or a run directory's checkpoint.pt."""
+    return os.path.join(checkpoint, "checkpoint.pt") if os.path.isdir(checkpoint) else checkpoint
+
+
 def deployed_policy(checkpoint: str, vec):
     """A checkpoint's policy as deployed (mean action, frozen normaliser), built by the script that wrote it, on the
     CPU; `checkpoint` is a checkpoint file or a run directory (its checkpoint.pt)."""
-    path = os.path.join(checkpoint, "checkpoint.pt") if os.path.isdir(checkpoint) else checkpoint
+    path = checkpoint_file(checkpoint)
     written_by = torch.load(path, map_location="cpu", weights_only=True).get("script", "ppo_continuous")
     script = importlib.import_module(written_by)  # checkpoints from before it was recorded: ppo_continuous.py's
     loaded = script.load_checkpoint(path, "--checkpoint")

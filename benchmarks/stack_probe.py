@@ -26,7 +26,7 @@ import tyro
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import envs  # noqa: E402
-from benchmarks.pick_probe import deployed_policy  # noqa: E402
+from benchmarks.pick_probe import checkpoint_file, deployed_policy  # noqa: E402
 from envs.franka_cube import CUBE_HALF_SIZE  # noqa: E402
 
 OFFSET_BINS_M = (0.0, 0.005, 0.01, 0.015, 0.02, 0.05)  # A's distance from B's centre in the plane at the opening
@@ -123,7 +123,7 @@ def probe(vec, obs: torch.Tensor, act, args: Args) -> dict:
 
 
 def main(args: Args) -> dict:
-    path = os.path.join(args.checkpoint, "checkpoint.pt") if os.path.isdir(args.checkpoint) else args.checkpoint
+    path = checkpoint_file(args.checkpoint)
     if not os.path.isfile(path):
         sys.exit(f"stack_probe.py: --checkpoint {args.checkpoint}: no such checkpoint file or run directory")
     trained = torch.load(path, map_location="cpu", weights_only=True)["args"]
