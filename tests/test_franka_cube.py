@@ -563,6 +563,35 @@ def test_the_stack_probe_opens_the_gripper_after_the_steps_on_b_asked_and_keeps_
     assert not never.any() and (action == policy_action).all()
 
 
+class DriftingStack:
+    """A stand-in for the stacking task as the probe reads it: A on B from the first step, sliding 4 mm further off
+    B's centre every step, upright and still; the episodes end solved."""
+    num_envs, max_episode_steps = 2, 6
+
+    def __init__(self):
+        self.cube_pos, self.cube_b_pos = torch.zeros(2, 3), torch.zeros(2, 3)
+        self.cube_quat = torch.tensor([[1.0, 0.0, 0.0, 0.0]] * 2)
+        self.cube_vel, self.cube_ang = torch.zeros(2, 3), torch.zeros(2, 3)
+        self.stage, self.held = torch.zeros(2, dtype=torch.long), torch.ones(2, dtype=torch.bool)
+
+    def step(self, action):
+        self.cube_pos[:, 0] += 0.004
+        self.stage[:] = 2
+        ones, no = torch.ones(2), torch.zeros(2, dtype=torch.bool)
+        metrics = {"success_once": ones, "reached_stacked": ones, "released_on_b": ones}
+        return torch.zeros(2, 4), torch.zeros(2), no, no, {"episode_metrics": metrics, "success": ones}
+
+
+def test_the_stack_probe_bins_an_opening_by_where_a_was_when_it_opened():
+    """Bug: A's offset and tilt taken again at every step after the opening (the bins then say where A ended up, not
+    where the hold was let go of)."""
+    args = stack_probe.Args(checkpoint="unused", open_after=1, report_every=3)
+    result = stack_probe.probe(DriftingStack(), torch.zeros(2, 4), lambda obs: torch.zeros(2, 8), args)
+    assert result["opened"] == 1.0 and result["rows"][-1]["offset_m"] > 0.02  # A slid 24 mm off by the end
+    first = result["solved_by_offset_m"][0]  # opened after one step on B, 4 mm off B's centre
+    assert (first["low"], first["high"], first["episodes"]) == (0.0, 0.005, 2)
+
+
 def test_the_stack_probe_lets_go_of_a_held_on_b_and_reports_it_solved(scenes):
     """Bug: the probe's forced opening not reaching the task (a policy holding A on B counted as let go, or the opened
     episodes not solved where A sits centred on B), or the outcome put in the wrong offset bin."""
