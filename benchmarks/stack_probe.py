@@ -8,7 +8,8 @@ with A on B: A's offset from B's centre in the plane, the gap between A's bottom
 angle between one of its axes and the vertical), A's speed and the gripper action. `--open-after N` then takes over
 the gripper in each env once A has been on B for N steps in a row and opens it for the rest of the episode;
 `--freeze-arm` also holds the arm's joint targets from then on (zero actions) instead of the policy's. The forced
-episodes solved at the end, by A's offset and tilt at the moment of opening, say whether the hold can be let go of.
+episodes solved at the end, by A's offset and tilt at the moment of opening, say whether the hold can be let go of;
+on the randomised task also by each drawn mass and friction (the lower and the upper half of its range).
 
     python benchmarks/stack_probe.py --checkpoint runs/FrankaStackCubeRandom-v0__<run>/checkpoint.pt
     python benchmarks/stack_probe.py --checkpoint runs/<run>/checkpoint.pt --open-after 6 --freeze-arm
@@ -84,6 +85,9 @@ def probe(vec, obs: torch.Tensor, act, args: Args) -> dict:
     on_b_steps = torch.zeros(n, dtype=torch.long)
     opened = torch.zeros(n, dtype=torch.bool)
     at_opening = {key: torch.full((n,), float("nan")) for key in ("offset_m", "tilt_deg")}
+    # The randomised task's masses and frictions, drawn at the reset: the last step's autoreset draws the next ones.
+    dynamics = {name: vec.dynamics[:, column].cpu().clone()
+                for column, name in enumerate(getattr(vec, "dynamics_names", ()))}
     rows = []
     for step in range(vec.max_episode_steps):
         policy_action = act(obs)
@@ -113,10 +117,15 @@ def probe(vec, obs: torch.Tensor, act, args: Args) -> dict:
               "released_on_b": metrics["released_on_b"].float().mean().item(),
               "opened": opened.float().mean().item(), "rows": rows}
     if args.open_after > 0:
-        for key, edges in (("offset_m", OFFSET_BINS_M), ("tilt_deg", TILT_BINS_DEG)):
+        binned = [(key, at_opening[key], edges) for key, edges in (("offset_m", OFFSET_BINS_M),
+                                                                   ("tilt_deg", TILT_BINS_DEG))]
+        for column, (name, drawn) in enumerate(dynamics.items()):  # each range's lower and upper half
+            low, high = vec.dynamics_low[column].item(), vec.dynamics_high[column].item()
+            binned.append((name, drawn, (low, (low + high) / 2, high)))  # drawn in [low, high)
+        for key, value, edges in binned:
             result[f"solved_by_{key}"] = []
             for low, high in zip(edges[:-1], edges[1:]):
-                chosen = opened & (at_opening[key] >= low) & (at_opening[key] < high)
+                chosen = opened & (value >= low) & (value < high)
                 result[f"solved_by_{key}"].append({"low": low, "high": high, "episodes": int(chosen.sum()),
                                                    "solved": solved[chosen].float().mean().item()})
     return result
@@ -151,8 +160,8 @@ def main(args: Args) -> dict:
     print("| step | " + " | ".join(keys) + " |\n|---:|" + "---:|" * len(keys))
     for row in result["rows"]:
         print(f"| {row['step']} | " + " | ".join(f"{row[key]:.3f}" for key in keys) + " |")
-    for key in ("solved_by_offset_m", "solved_by_tilt_deg"):
-        for entry in result.get(key, []):
+    for key in (key for key in result if key.startswith("solved_by_")):
+        for entry in result[key]:
             print(f"{key} {entry['low']:g}-{entry['high']:g}: {entry['episodes']} episodes, "
                   f"solved {entry['solved']:.2f}")
     print(json.dumps({key: value for key, value in result.items() if key not in ("rows",)

@@ -321,6 +321,7 @@ def test_the_stack_stages_reach_the_logs_and_the_evaluation_report(script, in_tm
     probed = stack_probe.main(stack_probe.Args(checkpoint=summary["checkpoint"], num_envs=2, open_after=1,
                                                report_every=1))  # the policy and its memory, as deployed
     assert probed["episodes"] == 2 and len(probed["rows"]) == 4 and 0.0 <= probed["solved"] <= 1.0
+    assert ("solved_by_table_friction" in probed) == (env_id == "FrankaStackCubeRandom-v0")  # each drawn quantity
 
 
 @pytest.mark.parametrize("env_id,kwargs,match", [
@@ -564,22 +565,28 @@ def test_the_stack_probe_opens_the_gripper_after_the_steps_on_b_asked_and_keeps_
 
 
 class DriftingStack:
-    """A stand-in for the stacking task as the probe reads it: A on B from the first step, sliding 4 mm further off
-    B's centre every step, upright and still; the episodes end solved."""
+    """A stand-in for the randomised stacking task as the probe reads it: A on B from the first step, sliding 4 mm
+    further off B's centre every step, upright and still; env 0's A light and solved at the end, env 1's heavy and not;
+    the last step's autoreset draws the next episodes' masses (swapped)."""
     num_envs, max_episode_steps = 2, 6
+    dynamics_names, dynamics_low, dynamics_high = ("cube_mass",), torch.tensor([0.02]), torch.tensor([0.15])
 
     def __init__(self):
         self.cube_pos, self.cube_b_pos = torch.zeros(2, 3), torch.zeros(2, 3)
         self.cube_quat = torch.tensor([[1.0, 0.0, 0.0, 0.0]] * 2)
         self.cube_vel, self.cube_ang = torch.zeros(2, 3), torch.zeros(2, 3)
         self.stage, self.held = torch.zeros(2, dtype=torch.long), torch.ones(2, dtype=torch.bool)
+        self.dynamics, self.steps = torch.tensor([[0.03], [0.14]]), 0
 
     def step(self, action):
         self.cube_pos[:, 0] += 0.004
         self.stage[:] = 2
+        self.steps += 1
+        if self.steps == self.max_episode_steps:
+            self.dynamics = self.dynamics.flip(0)
         ones, no = torch.ones(2), torch.zeros(2, dtype=torch.bool)
         metrics = {"success_once": ones, "reached_stacked": ones, "released_on_b": ones}
-        return torch.zeros(2, 4), torch.zeros(2), no, no, {"episode_metrics": metrics, "success": ones}
+        return torch.zeros(2, 4), torch.zeros(2), no, no, {"episode_metrics": metrics, "success": torch.tensor([1, 0])}
 
 
 def test_the_stack_probe_bins_an_opening_by_where_a_was_when_it_opened():
@@ -590,6 +597,16 @@ def test_the_stack_probe_bins_an_opening_by_where_a_was_when_it_opened():
     assert result["opened"] == 1.0 and result["rows"][-1]["offset_m"] > 0.02  # A slid 24 mm off by the end
     first = result["solved_by_offset_m"][0]  # opened after one step on B, 4 mm off B's centre
     assert (first["low"], first["high"], first["episodes"]) == (0.0, 0.005, 2)
+
+
+def test_the_stack_probe_bins_an_opening_by_the_masses_drawn_for_its_episode():
+    """Bugs: the randomised task's outcomes binned by the masses the last step's autoreset drew for the next episodes,
+    or by a range's halves put the wrong way round."""
+    args = stack_probe.Args(checkpoint="unused", open_after=1, report_every=3)
+    light, heavy = stack_probe.probe(DriftingStack(), torch.zeros(2, 4), lambda obs: torch.zeros(2, 8),
+                                     args)["solved_by_cube_mass"]
+    assert (light["high"], light["episodes"], light["solved"]) == (pytest.approx(0.085), 1, 1.0)
+    assert (heavy["high"], heavy["episodes"], heavy["solved"]) == (pytest.approx(0.15), 1, 0.0)
 
 
 def test_the_stack_probe_lets_go_of_a_held_on_b_and_reports_it_solved(scenes):
