@@ -160,7 +160,7 @@ def main(args: Args) -> dict:
     print("| step | " + " | ".join(keys) + " |\n|---:|" + "---:|" * len(keys))
     for row in result["rows"]:
         print(f"| {row['step']} | " + " | ".join(f"{row[key]:.3f}" for key in keys) + " |")
-    for key in (key for key in result if key.startswith("solved_by_")):
+    for key in [name for name in result if name.startswith("solved_by_")]:
         for entry in result[key]:
             print(f"{key} {entry['low']:g}-{entry['high']:g}: {entry['episodes']} episodes, "
                   f"solved {entry['solved']:.2f}")
