@@ -197,8 +197,8 @@ class Args:
     """episodes per evaluation, spread over the envs (each env's first ones count: short ones are not favoured)"""
     export_checkpoint: str | None = None
     """write policy.onnx and policy.pt (TorchScript) beside this checkpoint: raw observation in, the env's action out"""
-    env_kwargs: dict[str, int | float | bool | str] | None = None
-    """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4"""
+    env_kwargs: dict[str, int | float | bool | str | tuple[float, float]] | None = None
+    """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4 cube_mass_range 0.05 0.1"""
     torch_threads: int = 1
     """torch's CPU threads while the envs step (0: torch's default); one leaves the cores to the simulator"""
     update_threads: int = 0
@@ -1516,10 +1516,11 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 
 def args_from_checkpoint(checkpoint: dict) -> Args:
-    saved = checkpoint["args"]
-    # tuples (--hidden-sizes, ...) are saved as lists
-    return Args(**{f.name: tuple(saved[f.name]) if isinstance(saved[f.name], list) else saved[f.name]
-                   for f in fields(Args) if f.name in saved})
+    saved = {f.name: checkpoint["args"][f.name] for f in fields(Args) if f.name in checkpoint["args"]}
+    # JSON (an exported model's metadata) gives tuples back as lists: --hidden-sizes, --env-kwargs' (low, high) ranges
+    if saved.get("env_kwargs"):
+        saved["env_kwargs"] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["env_kwargs"].items()}
+    return Args(**{name: tuple(value) if isinstance(value, list) else value for name, value in saved.items()})
 
 
 def restore(checkpoint: dict | None, rank: int, vec, stateful: dict, own_stateful: dict,

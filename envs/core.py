@@ -49,6 +49,20 @@ class EpisodeTracker:
 MAX_ABS_VALUE = 1e6
 
 
+def check_ranges(positive: bool = False, **ranges) -> None:
+    """A ValueError naming the first of `ranges` (option name: value) that is not a (low, high) pair with
+    low <= high, or, when `positive`, whose low is not above 0."""
+    for name, value in ranges.items():
+        if not (isinstance(value, (tuple, list)) and len(value) == 2
+                and all(isinstance(bound, (int, float)) for bound in value)):
+            raise ValueError(f"{name} must be a (low, high) pair of numbers, got {value!r}")
+        low, high = value
+        if not low <= high:
+            raise ValueError(f"{name} must be (low, high) with low <= high, got {value!r}")
+        if positive and not low > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+
+
 def torch_device(device: torch.device | str) -> torch.device:
     """`device` as a torch.device, with a clear error where CUDA is asked for and torch sees no GPU."""
     device = torch.device(device)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from envs.core import MAX_ABS_VALUE
+from envs.core import MAX_ABS_VALUE, check_ranges
 from envs.franka import FINGERS_CLOSED, FINGERS_OPEN, NUM_ARM_JOINTS, FrankaArmVecEnv
 
 CUBE_HALF_SIZE = 0.02  # m (ManiSkill3's cubes are 4 cm)
@@ -52,6 +52,7 @@ class FrankaCubeVecEnv(FrankaArmVecEnv):
     def __init__(self, num_envs, seed, device, sim_device, max_episode_steps, decimation, sim_dt, action_scale,
                  init_noise, obs_dim, action_dim, stagger_episodes, max_abs_value, render_mode,
                  cube_x_range, cube_y_range, table_contact_weight, action_rate_weight, **rigid_options):
+        check_ranges(cube_x_range=cube_x_range, cube_y_range=cube_y_range)
         super().__init__(num_envs, seed, device, sim_device, max_episode_steps, decimation, sim_dt, action_scale,
                          init_noise, obs_dim, action_dim, stagger_episodes, max_abs_value, render_mode,
                          **rigid_options)
@@ -202,6 +203,9 @@ class FrankaPushCubeVecEnv(FrankaCubeVecEnv):
     ):
         if not goal_radius > 0:
             raise ValueError(f"goal_radius must be positive, got {goal_radius!r}")
+        check_ranges(goal_y_range=goal_y_range)
+        check_ranges(positive=True, cube_mass_range=cube_mass_range, cube_friction_range=cube_friction_range,
+                     table_friction_range=table_friction_range)
         self.goal_offset_x, self.goal_radius, self.reach_gate = goal_offset_x, goal_radius, reach_gate
         self.weights = {"reach": reach_weight, "push": push_weight, "success": success_weight}
         obs_dim = 3 * NUM_ARM_JOINTS + 6 + 10 + 2 + 3 + 2
@@ -337,6 +341,7 @@ class FrankaPickCubeVecEnv(FrankaGraspVecEnv):
         max_abs_value: float | None = MAX_ABS_VALUE,
         render_mode: str | None = None,
     ):
+        check_ranges(goal_height_range=goal_height_range)
         self.goal_threshold, self.still_threshold = goal_threshold, still_threshold
         self.still_speed_scale = still_speed_scale
         self.weights = {"reach": reach_weight, "grasp": grasp_weight, "place": place_weight,
@@ -458,6 +463,8 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         max_abs_value: float | None = MAX_ABS_VALUE,
         render_mode: str | None = None,
     ):
+        check_ranges(positive=True, cube_mass_range=cube_mass_range, cube_friction_range=cube_friction_range,
+                     table_friction_range=table_friction_range)
         centre, shift, half = (torch.tensor(v, dtype=torch.float32) for v in
                                (cube_area_centre, cube_area_shift, cube_area_half_size))
         if not ((shift >= 0).all() and (half > 0).all()):

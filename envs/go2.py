@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from envs.core import MAX_ABS_VALUE
+from envs.core import MAX_ABS_VALUE, check_ranges
 from envs.genesis import GenesisVecEnv
 
 # The example's joint order for actions and joint observations (front right leg first), and its default pose.
@@ -99,13 +99,10 @@ class Go2WalkVecEnv(GenesisVecEnv):
                             ("termination_angle_deg", termination_angle_deg), ("substeps", substeps)):
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
-        for name, (low, high) in (("lin_vel_x_range", lin_vel_x_range), ("lin_vel_y_range", lin_vel_y_range),
-                                  ("ang_vel_range", ang_vel_range), ("friction_range", friction_range),
-                                  ("added_mass_range", added_mass_range)):
-            if not low <= high:
-                raise ValueError(f"{name} must be (low, high) with low <= high, got {(low, high)!r}")
-        if not friction_range[0] > 0:
-            raise ValueError(f"friction_range must be positive, got {friction_range!r}")
+        check_ranges(lin_vel_x_range=lin_vel_x_range, lin_vel_y_range=lin_vel_y_range, ang_vel_range=ang_vel_range,
+                     added_mass_range=added_mass_range)
+        check_ranges(positive=True, friction_range=friction_range)
+        friction_range, added_mass_range = tuple(friction_range), tuple(added_mass_range)  # lists compare unequal
         for name, value in (("push_interval_s", push_interval_s), ("max_push_velocity", max_push_velocity),
                             ("observation_noise", observation_noise)):
             if not value >= 0:

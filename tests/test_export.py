@@ -6,6 +6,7 @@ The reference is each script's own acting code, written out here as the scripts 
 applied outside the agent, the recurrent state zeroed by episode-start flags, the transformer's window kept by its
 `Context`), not `DeployedPolicy`, so a bug in the deployed module shows."""
 
+import dataclasses
 import json
 import os
 
@@ -186,6 +187,16 @@ def test_onnx_metadata_holds_what_a_controller_needs(in_tmp):
     for batch in (1, 5):  # a dynamic batch size
         action, state = run(np.zeros((batch, 2), np.float32), *initial_memory(batch))
         assert action.shape == (batch, 1) and state.shape == (batch, 16)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_settings_come_back_whole_from_an_exported_models_json_metadata(name):
+    """Bug: an --env-kwargs range read back from policy.onnx's metadata as a list, not a tuple: the task then takes
+    `[1.0, 1.0] != (1.0, 1.0)` for a range to draw from, and --eval-checkpoint policy.onnx runs another task."""
+    module = script_named(name).module
+    args = module.Args(env_id="Go2Walk-v0", hidden_sizes=(32, 16),
+                       env_kwargs={"friction_range": (1.0, 1.0), "decimation": 4, "observe_base_velocity": False})
+    assert module.args_from_checkpoint({"args": json.loads(json.dumps(dataclasses.asdict(args)))}) == args
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -8,7 +8,7 @@ import torch
 
 import envs
 from benchmarks import stack_probe
-from conftest import check_episode_statistics, check_resume, check_seeding
+from conftest import SCRIPTS, check_episode_statistics, check_resume, check_seeding, script_named
 from envs.franka import TCP_OFFSET
 from envs.franka_cube import CUBE_HALF_SIZE, CUBE_SEPARATION
 
@@ -213,6 +213,27 @@ def test_randomised_dynamics_differ_per_episode_stay_in_range_and_are_not_observ
     torch.testing.assert_close(rand._observe(), obs)
 
 
+def test_env_kwargs_narrows_a_drawn_range_from_the_command_line():
+    """Bugs: `--env-kwargs cube_mass_range 0.07 0.07` refused by the flag's parser (a range is two numbers), or
+    parsed and then not the range the task draws from."""
+    import tyro
+
+    for name in SCRIPTS:
+        args = tyro.cli(script_named(name).module.Args, args=[
+            "--env-id", "FrankaPushCubeRandom-v0", "--sim-device", "cpu",
+            "--env-kwargs", "cube_mass_range", "0.07", "0.07", "decimation", "4"])
+        assert args.env_kwargs == {"cube_mass_range": (0.07, 0.07), "decimation": 4}, name
+    vec = script_named("ppo_continuous").module.make_env(args, 3, seed=1, device=torch.device("cpu"),
+                                                             stagger_episodes=False)
+    try:
+        vec.reset(seed=1)
+        torch.testing.assert_close(vec.dynamics[:, 0], torch.full((3,), 0.07))
+        torch.testing.assert_close(vec.cube.get_links_mass()[:, 0], torch.full((3,), 0.07))
+        assert (vec.dynamics[:, 1:] != 0.07).all() and vec.decimation == 4
+    finally:
+        vec.close()
+
+
 def test_a_heavy_slippery_cube_moves_differently_from_a_light_grippy_one(scenes):
     """Bug: the drawn mass and friction do not change the physics, so there is nothing for memory to infer."""
     rand = scenes["FrankaPushCubeRandom-v0"]
@@ -330,6 +351,11 @@ def test_the_stack_stages_reach_the_logs_and_the_evaluation_report(script, in_tm
     ("FrankaPushCube-v0", {"goal_radius": 0.0}, "goal_radius"),
     ("FrankaPickCube-v0", {"decimation": 0}, "decimation"),
     ("FrankaStackCube-v0", {"cube_area_half_size": (0.05, 0.2)}, "cube_area_half_size"),
+    ("FrankaPickCube-v0", {"cube_x_range": (0.6, 0.4)}, r"cube_x_range must be \(low, high\) with low <= high"),
+    ("FrankaPickCube-v0", {"goal_height_range": (0.3, 0.05)}, "goal_height_range"),
+    ("FrankaPushCube-v0", {"goal_y_range": (0.1, -0.1)}, "goal_y_range"),
+    ("FrankaPushCubeRandom-v0", {"table_friction_range": 0.5}, r"table_friction_range must be a \(low, high\) pair"),
+    ("FrankaStackCubeRandom-v0", {"cube_mass_range": (0.0, 0.1)}, "cube_mass_range must be positive"),
 ])
 def test_bad_arguments_raise_clear_errors(env_id, kwargs, match):
     """Bugs: a misspelt option answered with only the variant's own options (not its parent's), or a bad value

@@ -40,7 +40,8 @@ def novel():
 
 @pytest.fixture(scope="module")
 def novelall():
-    vec = envs.make("Go2WalkNoVelAll-v0", num_envs=4, seed=0, max_episode_steps=EPISODE, **CPU)
+    vec = envs.make("Go2WalkNoVelAll-v0", num_envs=4, seed=0, max_episode_steps=EPISODE, **CPU,
+                    friction_range=[1.0, 1.0], added_mass_range=[0.0, 0.0])  # the defaults, as JSON gives them back
     yield vec
     vec.close()
 
@@ -341,6 +342,12 @@ def test_the_critic_sees_every_velocity_and_which_feet_touch_the_ground(batch, v
         obs, info = vec.step(action)[::4]
         full_obs = batch.step(action)[0] if vec is not batch else obs
     assert 0 < touching < 8 * 4 * 4  # the feet land and lift: the contacts are not constant
+
+
+def test_ranges_given_as_lists_are_the_same_ranges(novelall):
+    """Bug: `[1.0, 1.0] != (1.0, 1.0)`, so the default ranges read back from JSON as lists (an exported model's
+    settings) turned the randomisation on: per-env link data, and two more entries in the critic's observation."""
+    assert not novelall.randomise_dynamics and novelall.single_critic_observation_space.shape == (48 + 4,)  # feet
 
 
 def test_the_critic_bootstraps_from_its_own_last_observation_of_a_truncated_episode(novelall, long):

@@ -94,6 +94,8 @@ CLI_CASES = [
     ("ppo_continuous", PENDULUM + ["--env-kwargs", "foo", "1"], "--env-kwargs"),
     ("ppo_continuous", ["--env-id", "FrankaReach-v0", "--env-kwargs", "foo", "1"], "--env-kwargs"),
     ("ppo_continuous", ["--env-id", "FrankaReach-v0", "--env-kwargs", "decimation", "0"], "decimation"),
+    ("ppo_recurrent", ["--env-id", "FrankaPushCubeRandom-v0", "--env-kwargs", "cube_mass_range", "0.2", "0.1"],
+     "--env-kwargs: cube_mass_range must be (low, high) with low <= high"),
     ("ppo_continuous", PENDULUM + ["--cuda"], "--cuda"),
     ("ppo_continuous", PENDULUM + ["--policy-device", "cuda"], "--policy-device"),
     ("ppo_continuous", ["--resume", "runs/nowhere"], "no checkpoint"),
