@@ -187,8 +187,8 @@ class Args:
     """episodes per evaluation, spread over the envs (each env's first ones count: short ones are not favoured)"""
     export_checkpoint: str | None = None
     """write policy.onnx and policy.pt (TorchScript) beside this checkpoint: raw observation in, the env's action out"""
-    env_kwargs: dict[str, int | float | bool | str | tuple[float, float]] | None = None
-    """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4 cube_mass_range 0.05 0.1"""
+    env_kwargs: dict[str, int | float | bool | str] | None = None
+    """extra keyword arguments for envs.make, e.g. --env-kwargs decimation 4 cube_mass_range 0.05,0.1"""
     torch_threads: int = 1
     """torch's CPU threads while the envs step (0: torch's default); one leaves the cores to the simulator"""
     update_threads: int = 0
@@ -1905,7 +1905,15 @@ def parse_args(argv: list[str] | None = None) -> Args:
     # those typed (flags_typed) replace the checkpoint's where they may.
     from_checkpoint = any(flag.split("=", 1)[0] in ("--resume", "--eval-checkpoint", "--export-checkpoint")
                           for flag in argv)
-    return tyro.cli(Args, args=argv, default=Args() if from_checkpoint else task_args(env_id))
+    args = tyro.cli(Args, args=argv, default=Args() if from_checkpoint else task_args(env_id))
+    # A (low, high) range is one word, "low,high": as two words, tyro cannot tell them from a number and the next key.
+    for key, value in (args.env_kwargs or {}).items():
+        low, _, high = value.partition(",") if isinstance(value, str) else ("", "", "")
+        try:
+            args.env_kwargs[key] = (float(low), float(high))
+        except ValueError:  # not a range: left for the task to take or refuse
+            pass
+    return args
 
 
 def refuse_unused_flags(args: Args, typed_flags: set[str], mode: str, used: tuple[str, ...]) -> None:

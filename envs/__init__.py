@@ -99,7 +99,7 @@ def make(
                                 stagger_episodes=stagger_episodes, **env_kwargs)
         return GymnasiumVecEnv(env_id, num_envs, seed, device, vectorization_mode, **env_kwargs)
     except TypeError as error:
-        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+        unknown = re.search(r"unexpected keyword argument '([^']+)'", str(error))
         if unknown is None:
             raise
         raise ValueError(f"{env_id} has no option {unknown.group(1)!r}; its options are: "

@@ -213,23 +213,25 @@ def test_randomised_dynamics_differ_per_episode_stay_in_range_and_are_not_observ
     torch.testing.assert_close(rand._observe(), obs)
 
 
-def test_env_kwargs_narrows_a_drawn_range_from_the_command_line():
-    """Bugs: `--env-kwargs cube_mass_range 0.07 0.07` refused by the flag's parser (a range is two numbers), or
-    parsed and then not the range the task draws from."""
-    import tyro
-
+def test_env_kwargs_narrows_drawn_ranges_from_the_command_line():
+    """Bugs: `--env-kwargs cube_mass_range 0.07,0.07` left a string the task cannot draw from, ranges given as two
+    words each (which tyro pairs up wrongly: `{'cube_mass_range': 0.07, '0.07': 'table_friction_range', ...}`), or
+    ranges parsed and then not the ones the task draws from."""
     for name in SCRIPTS:
-        args = tyro.cli(script_named(name).module.Args, args=[
+        args = script_named(name).module.parse_args([
             "--env-id", "FrankaPushCubeRandom-v0", "--sim-device", "cpu",
-            "--env-kwargs", "cube_mass_range", "0.07", "0.07", "decimation", "4"])
-        assert args.env_kwargs == {"cube_mass_range": (0.07, 0.07), "decimation": 4}, name
+            "--env-kwargs", "cube_mass_range", "0.07,0.07", "table_friction_range", "0.5,0.5", "decimation", "4"])
+        assert args.env_kwargs == {"cube_mass_range": (0.07, 0.07), "table_friction_range": (0.5, 0.5),
+                                   "decimation": 4}, name
     vec = script_named("ppo_continuous").module.make_env(args, 3, seed=1, device=torch.device("cpu"),
-                                                             stagger_episodes=False)
+                                                         stagger_episodes=False)
     try:
         vec.reset(seed=1)
-        torch.testing.assert_close(vec.dynamics[:, 0], torch.full((3,), 0.07))
+        drawn = vec.dynamics  # the cube's mass, the cube's friction, the table's friction
+        torch.testing.assert_close(drawn[:, 0], torch.full((3,), 0.07))
         torch.testing.assert_close(vec.cube.get_links_mass()[:, 0], torch.full((3,), 0.07))
-        assert (vec.dynamics[:, 1:] != 0.07).all() and vec.decimation == 4
+        torch.testing.assert_close(drawn[:, 2], torch.full((3,), 0.5))
+        assert len(set(drawn[:, 1].tolist())) == 3 and vec.decimation == 4
     finally:
         vec.close()
 
