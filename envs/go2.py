@@ -102,7 +102,7 @@ class Go2WalkVecEnv(GenesisVecEnv):
         check_ranges(lin_vel_x_range=lin_vel_x_range, lin_vel_y_range=lin_vel_y_range, ang_vel_range=ang_vel_range,
                      added_mass_range=added_mass_range)
         check_ranges(positive=True, friction_range=friction_range)
-        friction_range, added_mass_range = tuple(friction_range), tuple(added_mass_range)  # lists compare unequal
+        friction_range, added_mass_range = tuple(friction_range), tuple(added_mass_range)  # a list != these tuples
         for name, value in (("push_interval_s", push_interval_s), ("max_push_velocity", max_push_velocity),
                             ("observation_noise", observation_noise)):
             if not value >= 0:
