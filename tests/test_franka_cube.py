@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import envs
-from benchmarks import stack_probe
+from benchmarks import critic_reads_noise, stack_probe
 from conftest import SCRIPTS, check_episode_statistics, check_resume, check_seeding, script_named
 from envs.franka import TCP_OFFSET
-from envs.franka_cube import CUBE_HALF_SIZE, CUBE_SEPARATION
+from envs.franka_cube import CUBE_HALF_SIZE, CUBE_SEPARATION, FrankaCubeVecEnv
 
 CPU = dict(sim_device="cpu", stagger_episodes=False)
 EPISODE = 10
@@ -212,6 +212,22 @@ def test_randomised_dynamics_differ_per_episode_stay_in_range_and_are_not_observ
     rand._send_dynamics(torch.arange(4))
     torch.testing.assert_close(rand._observe(), obs)
 
+
+
+def test_the_critic_noise_benchmark_draws_per_episode_and_keeps_the_simulator_fixed(scenes, monkeypatch):
+    """Bugs in benchmarks/critic_reads_noise.py: the draws still reaching the simulator (it would measure the
+    dynamics after all) or no longer drawn (the critic would read constants, as with the ranges narrowed)."""
+    rand = scenes["FrankaStackCubeRandom-v0"]
+    monkeypatch.setattr(FrankaCubeVecEnv, "_send_dynamics", FrankaCubeVecEnv._send_dynamics)  # undone at the end
+    rand.reset(seed=5)
+    masses, drawn = rand.cube.get_links_mass().clone(), rand.dynamics.clone()
+    critic_reads_noise.keep_dynamics_fixed()
+    obs, info = rand.reset(seed=6)
+    assert len(set(rand.dynamics[:, 0].tolist())) == 4 and not torch.allclose(rand.dynamics, drawn)
+    torch.testing.assert_close(info["critic_obs"], torch.cat([obs, rand.dynamics], dim=-1))
+    torch.testing.assert_close(rand.cube.get_links_mass(), masses)
+    monkeypatch.undo()
+    rand._send_dynamics(torch.arange(4))  # the shared scene as its draws say, for the tests after this one
 
 def test_env_kwargs_narrows_drawn_ranges_from_the_command_line():
     """Bugs: `--env-kwargs cube_mass_range 0.07,0.07` left a string the task cannot draw from, ranges given as two
