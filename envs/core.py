@@ -7,6 +7,9 @@ vector env's sub-envs itself) to the contract in docs/design.md §3 (its raw epi
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -50,12 +53,13 @@ MAX_ABS_VALUE = 1e6
 
 
 def check_ranges(positive: bool = False, **ranges) -> None:
-    """A ValueError naming the first of `ranges` (option name: value) that is not a (low, high) pair with
-    low <= high, or, when `positive`, whose low is not above 0."""
+    """A ValueError naming the first of `ranges` (option name: value) that is not a (low, high) pair of finite
+    numbers (Python's or numpy's) with low <= high, or, when `positive`, whose low is not above 0."""
     for name, value in ranges.items():
-        if not (isinstance(value, (tuple, list)) and len(value) == 2
-                and all(isinstance(bound, (int, float)) for bound in value)):
-            raise ValueError(f"{name} must be a (low, high) pair of numbers, got {value!r}")
+        if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(
+                isinstance(bound, numbers.Real) and not isinstance(bound, bool) and math.isfinite(bound)
+                for bound in value)):
+            raise ValueError(f"{name} must be a (low, high) pair of finite numbers, got {value!r}")
         low, high = value
         if not low <= high:
             raise ValueError(f"{name} must be (low, high) with low <= high, got {value!r}")

@@ -97,7 +97,7 @@ CLI_CASES = [
     ("ppo_recurrent", ["--env-id", "FrankaPushCubeRandom-v0", "--env-kwargs", "cube_mass_range", "0.2,0.1"],
      "--env-kwargs: cube_mass_range must be (low, high) with low <= high"),
     ("ppo_transformer", ["--env-id", "FrankaPushCubeRandom-v0", "--env-kwargs", "cube_mass_range", "0.1,0.2,0.3"],
-     "--env-kwargs: cube_mass_range must be a (low, high) pair of numbers, got '0.1,0.2,0.3'"),
+     "--env-kwargs: cube_mass_range must be a (low, high) pair of finite numbers, got '0.1,0.2,0.3'"),
     ("ppo_continuous", ["--env-id", "FrankaReach-v0", "--env-kwargs", "0.5", "1"], "has no option '0.5'"),
     ("ppo_continuous", PENDULUM + ["--cuda"], "--cuda"),
     ("ppo_continuous", PENDULUM + ["--policy-device", "cuda"], "--policy-device"),
