@@ -2,12 +2,13 @@
 a few envs). Scene builds take seconds, so the scenes are module fixtures; each test starts from a seeded reset.
 """
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import envs
-from benchmarks import critic_reads_noise, stack_probe
+from benchmarks import privileged_critic_variants, stack_probe
 from conftest import SCRIPTS, check_episode_statistics, check_resume, check_seeding, script_named
 from envs.franka import TCP_OFFSET
 from envs.franka_cube import CUBE_HALF_SIZE, CUBE_SEPARATION, FrankaCubeVecEnv
@@ -215,19 +216,39 @@ def test_randomised_dynamics_differ_per_episode_stay_in_range_and_are_not_observ
 
 
 def test_the_critic_noise_benchmark_draws_per_episode_and_keeps_the_simulator_fixed(scenes, monkeypatch):
-    """Bugs in benchmarks/critic_reads_noise.py: the draws still reaching the simulator (it would measure the
-    dynamics after all) or no longer drawn (the critic would read constants, as with the ranges narrowed)."""
+    """Bugs in benchmarks/privileged_critic_variants.py's noise: the draws still reaching the simulator (it would
+    measure the dynamics after all) or no longer drawn (the critic would read constants, as with the ranges narrowed)."""
     rand = scenes["FrankaStackCubeRandom-v0"]
     monkeypatch.setattr(FrankaCubeVecEnv, "_send_dynamics", FrankaCubeVecEnv._send_dynamics)  # undone at the end
     rand.reset(seed=5)
     masses, drawn = rand.cube.get_links_mass().clone(), rand.dynamics.clone()
-    critic_reads_noise.keep_dynamics_fixed()
+    privileged_critic_variants.keep_dynamics_fixed()
     obs, info = rand.reset(seed=6)
     assert len(set(rand.dynamics[:, 0].tolist())) == 4 and not torch.allclose(rand.dynamics, drawn)
     torch.testing.assert_close(info["critic_obs"], torch.cat([obs, rand.dynamics], dim=-1))
     torch.testing.assert_close(rand.cube.get_links_mass(), masses)
     monkeypatch.undo()
     rand._send_dynamics(torch.arange(4))  # the shared scene as its draws say, for the tests after this one
+
+
+def test_the_zero_init_variant_zeroes_only_the_critics_weights_on_the_privileged_columns(monkeypatch):
+    """Bugs in benchmarks/privileged_critic_variants.py's zero-init: weights on the policy's observation zeroed too,
+    the privileged ones left as drawn, or the actor's initial weights changed (then it tests two things at once)."""
+    script = script_named("ppo_continuous").module
+    args = script.parse_args(["--env-id", "FrankaStackCubeRandom-v0"])
+    spaces = (gym.spaces.Box(-1, 1, (59,)), gym.spaces.Box(-1, 1, (8,)), gym.spaces.Box(-1, 1, (64,)))
+    torch.manual_seed(3)
+    drawn = script.Agent(args, *spaces)
+    monkeypatch.setattr(script.Agent, "__init__", script.Agent.__init__)  # undone at the end
+    privileged_critic_variants.zero_privileged_weights()
+    torch.manual_seed(3)
+    zeroed = script.Agent(args, *spaces)
+    first, first_drawn = zeroed.critic[0].weight, drawn.critic[0].weight
+    assert (first[:, 59:] == 0).all() and (first_drawn[:, 59:] != 0).all()
+    torch.testing.assert_close(first[:, :59], first_drawn[:, :59])
+    for name, value in drawn.state_dict().items():
+        if name != "critic.0.weight":
+            torch.testing.assert_close(zeroed.state_dict()[name], value)
 
 def test_env_kwargs_narrows_drawn_ranges_from_the_command_line():
     """Bugs: `--env-kwargs cube_mass_range 0.07,0.07` left a string the task cannot draw from, ranges given as two

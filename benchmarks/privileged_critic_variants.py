@@ -1,0 +1,56 @@
+"""ppo_continuous.py with one thing changed about `--privileged-critic`, to find out why that flag delayed the lift on
+FrankaStackCubeRandom-v0 by millions of steps where the same critic reading constants (the draws narrowed to the fixed
+task's values by --env-kwargs) did not (benchmarks/results/franka_cube/README.md). The first word names the change; the
+rest are ppo_continuous.py's flags, all of them (resume and evaluation too):
+
+    python benchmarks/privileged_critic_variants.py noise --env-id FrankaStackCubeRandom-v0 --privileged-critic ...
+
+noise      the cube tasks draw their masses and frictions per episode as before (the critic reads them) but never send
+           them to the simulator, which keeps the fixed task's: numbers that tell one episode from another and say
+           nothing about it (with 50-step episodes over 24-step rollouts, the critic is fitted to an episode's first
+           steps before the advantages of its next ones are computed).
+zero-init  the critic's first-layer weights on its observation's privileged part (past the policy's observation) start
+           at zero, so that its value starts independent of them (the same random draws: the actor's weights as
+           without); with raw inputs, the initial weights turn each episode's draws into a value offset of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ppo_continuous  # noqa: E402
+from envs.franka_cube import FrankaCubeVecEnv  # noqa: E402
+
+
+def keep_dynamics_fixed() -> None:
+    """noise: the cube tasks still draw their masses and frictions (the critic observation holds them) and no longer
+    send them to the simulator, which keeps the scene's own."""
+    FrankaCubeVecEnv._send_dynamics = lambda self, envs_idx: None
+
+
+def zero_privileged_weights() -> None:
+    """zero-init: the critic's first-layer weights on the critic observation's columns past the policy's, zero."""
+    build = ppo_continuous.Agent.__init__
+
+    def build_then_zero(agent, args, obs_space, action_space, critic_obs_space=None):
+        build(agent, args, obs_space, action_space, critic_obs_space)
+        if critic_obs_space is not None:
+            with torch.no_grad():
+                agent.critic[0].weight[:, obs_space.shape[0]:] = 0.0
+
+    ppo_continuous.Agent.__init__ = build_then_zero
+
+
+VARIANTS = {"noise": keep_dynamics_fixed, "zero-init": zero_privileged_weights}
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in VARIANTS:
+        print(f"error: the first word names the variant, one of {', '.join(VARIANTS)} (then ppo_continuous.py's "
+              "flags)", file=sys.stderr)
+        raise SystemExit(2)
+    VARIANTS[sys.argv.pop(1)]()
+    ppo_continuous.cli()
