@@ -95,7 +95,8 @@ def test_reward_terms_are_finite_bounded_sum_to_the_reward_and_have_the_document
     for name, value in seen.items():
         assert torch.isfinite(value).all(), name
         action_rate_bound = -0.01 * 4 * cube_task.single_action_space.shape[0]  # 0.01 x max squared change
-        low, high = (0.0, 1.0) if name in positive else (-0.5, 0.0) if name == "table_contact" else (action_rate_bound, 0.0)
+        low, high = ((0.0, 1.0) if name in positive else (-0.5, 0.0) if name == "table_contact"
+                     else (action_rate_bound, 0.0))
         assert ((value >= low) & (value <= high)).all(), name
     assert (seen["reach"] > 0).all() and (seen["action_rate"] < 0).any()
 
@@ -217,7 +218,8 @@ def test_randomised_dynamics_differ_per_episode_stay_in_range_and_are_not_observ
 
 def test_the_critic_noise_benchmark_draws_per_episode_and_keeps_the_simulator_fixed(scenes, monkeypatch):
     """Bugs in benchmarks/privileged_critic_variants.py's noise: the draws still reaching the simulator (it would
-    measure the dynamics after all) or no longer drawn (the critic would read constants, as with the ranges narrowed)."""
+    measure the dynamics after all) or no longer drawn (the critic would read constants, as with the ranges
+    narrowed)."""
     rand = scenes["FrankaStackCubeRandom-v0"]
     monkeypatch.setattr(FrankaCubeVecEnv, "_send_dynamics", FrankaCubeVecEnv._send_dynamics)  # undone at the end
     rand.reset(seed=5)
