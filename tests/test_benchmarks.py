@@ -684,3 +684,33 @@ def test_a_child_evaluation_ends_with_its_parent_killed_by_a_signal(tmp_path):
             os.killpg(parent.pid, signal.SIGKILL)  # whatever is left of the test's process group
         except ProcessLookupError:
             pass
+
+
+def test_critic_reads_measures_the_value_against_the_privileged_columns_alone(tmp_path):
+    """Bugs in benchmarks/critic_reads.py: the policy's columns set to common values too (a critic that ignores the
+    privileged ones would seem to rely on them), the saved critic normaliser skipped, or the checkpoints misread."""
+    import gymnasium as gym
+
+    from benchmarks import critic_reads
+    script = critic_reads.ppo_continuous
+    args = script.parse_args(["--env-id", "FrankaStackCubeRandom-v0", "--norm-obs"])
+    box = lambda n: gym.spaces.Box(-1.0, 1.0, (n,))  # noqa: E731
+    torch.manual_seed(0)
+    agent = script.Agent(args, box(6), box(2), box(8))
+    normaliser = script.ObsNormalizer((8,), enabled=True)
+    normaliser.update(torch.randn(64, 8) * 3 + 1)
+    critic_obs = torch.randn(16, 8)
+    common = critic_obs.clone()
+    common[:, 6:] = critic_obs[:, 6:].mean(0)
+    with torch.no_grad():
+        expected = agent.get_value(normaliser(critic_obs)) - agent.get_value(normaliser(common))
+    checkpoint = {"args": dataclasses.asdict(args), "global_step": 10, "next_critic_obs_raw": critic_obs,
+                  "critic_obs_normalizer": normaliser.state_dict()}
+    torch.save({**checkpoint, "model": agent.state_dict()}, tmp_path / "checkpoint_000002.pt")
+    with torch.no_grad():
+        agent.critic[0].weight[:, 6:] = 0.0  # a critic blind to the privileged columns
+    torch.save({**checkpoint, "model": agent.state_dict(), "global_step": 5}, tmp_path / "checkpoint_000001.pt")
+    blind, reads = critic_reads.main(critic_reads.Args(run_dirs=(str(tmp_path),)))[str(tmp_path)]
+    assert (blind["global_step"], reads["global_step"]) == (5, 10)
+    assert blind["offset_std"] == 0.0 and blind["privileged_columns"] == [0.0, 0.0]
+    assert reads["offset_std"] == pytest.approx(expected.std().item(), rel=1e-5) and reads["offset_std"] > 0

@@ -1,0 +1,86 @@
+"""How much a privileged critic's value rests on the privileged part of its observation, checkpoint by checkpoint of
+ppo_continuous.py runs with `--privileged-critic`: no envs, only what each checkpoint holds.
+
+Each checkpoint keeps the critic observations its envs were at when it was written (one per env). For those, the
+critic's value is compared with its value when the privileged columns (past the policy's observation) are all set to
+the same numbers, `--reference` (default: their mean over the envs): the spread of that difference over the envs is how
+much one episode's privileged numbers move its value away from another's. Also the norms of the critic's first-layer
+weights per input column, the privileged ones and the mean of the policy's (with raw inputs, what the network can make
+of a column). For a task whose privileged numbers are constant per episode (drawn masses and frictions), a spread
+that stays at its initial size says the critic has not learnt to use them, one that grows that it has.
+
+    python benchmarks/critic_reads.py --run-dirs runs/FrankaStackCubeRandom-v0__stackrandom_priv__1__<time> --every 4
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+import tyro
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ppo_continuous  # noqa: E402
+
+
+@dataclass
+class Args:
+    run_dirs: tuple[str, ...]
+    """ppo_continuous.py run directories whose numbered checkpoints (checkpoint_000010.pt, ...) to read"""
+    every: int = 1
+    """read every this many of a run's numbered checkpoints (the first always)"""
+    reference: tuple[float, ...] | None = None
+    """the privileged columns' common values (default: their mean over the checkpoint's envs)"""
+
+
+def privileged_reliance(checkpoint: dict, reference: torch.Tensor | None = None) -> dict:
+    """For one checkpoint: the step, the std over its envs of value(critic obs) - value(the privileged columns set to
+    `reference`, default their mean), the std of the values themselves, and the critic's first-layer column norms
+    (the policy's columns' mean, then each privileged column's)."""
+    args = ppo_continuous.args_from_checkpoint(checkpoint)
+    critic_obs = checkpoint.get("next_critic_obs_raw")
+    if critic_obs is None:
+        raise ValueError("the checkpoint has no critic observation: a run without --privileged-critic, or a task "
+                         "without a critic observation")
+    critic_obs = critic_obs.float().cpu()
+    model = checkpoint["model"]
+    obs_dim, act_dim = model["actor_mean.0.weight"].shape[1], model["actor_logstd"].shape[-1]
+    box = lambda n: gym.spaces.Box(-1.0, 1.0, (n,))  # noqa: E731 (only the shapes matter; the bounds are loaded)
+    agent = ppo_continuous.Agent(args, box(obs_dim), box(act_dim), box(critic_obs.shape[1]))
+    agent.load_state_dict(model)
+    normaliser = ppo_continuous.ObsNormalizer(critic_obs.shape[1:], args.norm_obs, args.norm_obs_until,
+                                              args.norm_obs_eps)
+    normaliser.load_state_dict(checkpoint["critic_obs_normalizer"])
+    common = critic_obs.clone()
+    common[:, obs_dim:] = critic_obs[:, obs_dim:].mean(0) if reference is None else reference
+    with torch.no_grad():
+        value, value_common = agent.get_value(normaliser(critic_obs)), agent.get_value(normaliser(common))
+    weight_norms = agent.critic[0].weight.detach().norm(dim=0)
+    return {"global_step": checkpoint["global_step"], "offset_std": (value - value_common).std().item(),
+            "value_std": value.std().item(), "policy_columns": weight_norms[:obs_dim].mean().item(),
+            "privileged_columns": weight_norms[obs_dim:].tolist()}
+
+
+def main(args: Args) -> dict[str, list[dict]]:
+    reference = None if args.reference is None else torch.tensor(args.reference)
+    rows = {}
+    for run_dir in args.run_dirs:
+        paths = sorted(glob.glob(os.path.join(run_dir, "checkpoint_[0-9]*.pt")))[::args.every]
+        if not paths:
+            raise SystemExit(f"error: --run-dirs {run_dir}: no numbered checkpoints (checkpoint_000010.pt, ...)")
+        rows[run_dir] = [privileged_reliance(torch.load(p, map_location="cpu", weights_only=False), reference)
+                         for p in paths]
+        print(os.path.basename(run_dir.rstrip("/")))
+        print(f"  {'step':>10} {'offset std':>10} {'value std':>9}  first-layer column norms: policy mean | privileged")
+        for row in rows[run_dir]:
+            print(f"  {row['global_step']:>10,} {row['offset_std']:>10.3f} {row['value_std']:>9.3f}  "
+                  f"{row['policy_columns']:.2f} | {' '.join(f'{n:.2f}' for n in row['privileged_columns'])}")
+    return rows
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
