@@ -66,6 +66,8 @@ def privileged_reliance(checkpoint: dict, reference: torch.Tensor | None = None)
 
 
 def main(args: Args) -> dict[str, list[dict]]:
+    if args.every < 1:
+        raise SystemExit(f"error: --every {args.every}: read every N-th checkpoint, N >= 1")
     reference = None if args.reference is None else torch.tensor(args.reference)
     rows = {}
     for run_dir in args.run_dirs:

@@ -9,6 +9,7 @@ import math
 import os
 import time
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -689,8 +690,6 @@ def test_a_child_evaluation_ends_with_its_parent_killed_by_a_signal(tmp_path):
 def test_critic_reads_measures_the_value_against_the_privileged_columns_alone(tmp_path):
     """Bugs in benchmarks/critic_reads.py: the policy's columns set to common values too (a critic that ignores the
     privileged ones would seem to rely on them), the saved critic normaliser skipped, or the checkpoints misread."""
-    import gymnasium as gym
-
     from benchmarks import critic_reads
     script = critic_reads.ppo_continuous
     args = script.parse_args(["--env-id", "FrankaStackCubeRandom-v0", "--norm-obs"])

@@ -237,7 +237,6 @@ def test_numpy_actions_from_the_action_space_and_a_wrong_shape():
     vec.close()
 
 
-
 @pytest.mark.parametrize("value,refused", [
     ((np.float32(0.05), np.float64(0.1)), False), ([1, 2], False), ((0.5, 0.5), False),
     ((0.1, float("inf")), True), ((float("nan"), 1.0), True), ((True, 2), True), (("0.1", 0.2), True), ((0.1,), True),
@@ -251,6 +250,7 @@ def test_a_range_is_a_pair_of_finite_numbers_of_any_kind(value, refused):
             check_ranges(positive=True, mass_range=value)
     else:
         check_ranges(positive=True, mass_range=value)
+
 
 def test_unknown_env_id_names_the_id_and_suggests_a_fix():
     with pytest.raises(ValueError, match=r"unknown env id 'HalfCheeta-v5'.*Did you mean: `HalfCheetah`"):
