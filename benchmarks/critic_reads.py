@@ -55,6 +55,9 @@ def privileged_reliance(checkpoint: dict, reference: torch.Tensor | None = None)
     normaliser = ppo_continuous.ObsNormalizer(critic_obs.shape[1:], args.norm_obs, args.norm_obs_until,
                                               args.norm_obs_eps)
     normaliser.load_state_dict(checkpoint["critic_obs_normalizer"])
+    if reference is not None and len(reference) != critic_obs.shape[1] - obs_dim:
+        raise ValueError(f"--reference has {len(reference)} values; the critic observation has "
+                         f"{critic_obs.shape[1] - obs_dim} privileged columns")
     common = critic_obs.clone()
     common[:, obs_dim:] = critic_obs[:, obs_dim:].mean(0) if reference is None else reference
     with torch.no_grad():
@@ -74,8 +77,11 @@ def main(args: Args) -> dict[str, list[dict]]:
         paths = sorted(glob.glob(os.path.join(run_dir, "checkpoint_[0-9]*.pt")))[::args.every]
         if not paths:
             raise SystemExit(f"error: --run-dirs {run_dir}: no numbered checkpoints (checkpoint_000010.pt, ...)")
-        rows[run_dir] = [privileged_reliance(torch.load(p, map_location="cpu", weights_only=False), reference)
-                         for p in paths]
+        try:
+            rows[run_dir] = [privileged_reliance(torch.load(p, map_location="cpu", weights_only=False), reference)
+                             for p in paths]
+        except ValueError as error:
+            raise SystemExit(f"error: --run-dirs {run_dir}: {error}") from None
         print(os.path.basename(run_dir.rstrip("/")))
         print(f"  {'step':>10} {'offset std':>10} {'value std':>9}  first-layer column norms: policy mean | privileged")
         for row in rows[run_dir]:

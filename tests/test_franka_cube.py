@@ -215,7 +215,6 @@ def test_randomised_dynamics_differ_per_episode_stay_in_range_and_are_not_observ
     torch.testing.assert_close(rand._observe(), obs)
 
 
-
 def test_the_critic_noise_benchmark_draws_per_episode_and_keeps_the_simulator_fixed(scenes, monkeypatch):
     """Bugs in benchmarks/privileged_critic_variants.py's noise: the draws still reaching the simulator (it would
     measure the dynamics after all) or no longer drawn (the critic would read constants, as with the ranges
@@ -251,6 +250,7 @@ def test_the_zero_init_variant_zeroes_only_the_critics_weights_on_the_privileged
     for name, value in drawn.state_dict().items():
         if name != "critic.0.weight":
             torch.testing.assert_close(zeroed.state_dict()[name], value)
+
 
 def test_env_kwargs_narrows_drawn_ranges_from_the_command_line():
     """Bugs: `--env-kwargs cube_mass_range 0.07,0.07` left a string the task cannot draw from, ranges given as two
