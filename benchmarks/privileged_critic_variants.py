@@ -12,6 +12,9 @@ noise      the cube tasks draw their masses and frictions per episode as before 
 zero-init  the critic's first-layer weights on its observation's privileged part (past the policy's observation) start
            at zero, so that its value starts independent of them (the same random draws: the actor's weights as
            without); with raw inputs, the initial weights turn each episode's draws into a value offset of its own.
+masses-only, frictions-only
+           the simulator gets every draw as without, the critic reads only the drawn masses (or only the frictions):
+           the other columns of its observation hold the middle of their ranges, in every episode.
 """
 
 from __future__ import annotations
@@ -45,7 +48,24 @@ def zero_privileged_weights() -> None:
     ppo_continuous.Agent.__init__ = build_then_zero
 
 
-VARIANTS = {"noise": keep_dynamics_fixed, "zero-init": zero_privileged_weights}
+def critic_reads_only(quantity: str) -> None:
+    """masses-only, frictions-only: the critic observation's drawn quantities other than `quantity` ("mass" or
+    "friction") replaced by the middle of their ranges; the draws still reach the simulator."""
+
+    hidden_columns = {}  # per env, made once: no host-to-device copy per step
+
+    def observe_critic(env) -> torch.Tensor:
+        if env not in hidden_columns:
+            hidden_columns[env] = torch.tensor([not name.endswith("_" + quantity) for name in env.dynamics_names],
+                                               device=env.dynamics.device)
+        middle = (env.dynamics_low + env.dynamics_high) / 2
+        return torch.cat([env._observe(), torch.where(hidden_columns[env], middle, env.dynamics)], dim=-1)
+
+    FrankaCubeVecEnv._observe_critic = observe_critic
+
+
+VARIANTS = {"noise": keep_dynamics_fixed, "zero-init": zero_privileged_weights,
+            "masses-only": lambda: critic_reads_only("mass"), "frictions-only": lambda: critic_reads_only("friction")}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in VARIANTS:

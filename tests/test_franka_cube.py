@@ -232,6 +232,25 @@ def test_the_critic_noise_benchmark_draws_per_episode_and_keeps_the_simulator_fi
     rand._send_dynamics(torch.arange(4))  # the shared scene as its draws say, for the tests after this one
 
 
+@pytest.mark.parametrize("variant, read", [("masses-only", "mass"), ("frictions-only", "friction")])
+def test_the_critic_reads_only_the_named_draws_and_the_simulator_gets_them_all(scenes, monkeypatch, variant, read):
+    """Bugs in benchmarks/privileged_critic_variants.py's masses-only and frictions-only: the other draws still in
+    the critic observation, the named ones replaced too, or the draws kept from the simulator."""
+    rand = scenes["FrankaStackCubeRandom-v0"]
+    for method in ("_observe_critic", "_send_dynamics"):  # undone at the end
+        monkeypatch.setattr(FrankaCubeVecEnv, method, getattr(FrankaCubeVecEnv, method))
+    privileged_critic_variants.VARIANTS[variant]()
+    obs, info = rand.reset(seed=9)
+    critic_obs = info["critic_obs"]
+    torch.testing.assert_close(critic_obs[:, :59], obs)
+    middle = (rand.dynamics_low + rand.dynamics_high) / 2
+    for column, name in enumerate(rand.dynamics_names, start=59):
+        expected = rand.dynamics[:, column - 59] if name.endswith(read) else middle[column - 59].expand(4)
+        torch.testing.assert_close(critic_obs[:, column], expected, msg=name)
+    assert len(set(rand.dynamics[:, rand.dynamics_names.index("cube_friction")].tolist())) == 4
+    torch.testing.assert_close(rand.cube.get_links_mass()[:, 0], rand.dynamics[:, 0])
+
+
 def test_the_zero_init_variant_zeroes_only_the_critics_weights_on_the_privileged_columns(monkeypatch):
     """Bugs in benchmarks/privileged_critic_variants.py's zero-init: weights on the policy's observation zeroed too,
     the privileged ones left as drawn, or the actor's initial weights changed (then it tests two things at once)."""
