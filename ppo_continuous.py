@@ -1396,8 +1396,9 @@ class Run:
 
     def checkpoint_state(self, iteration: int, global_step: int, own_states: list[dict]) -> dict:
         return {"script": CHECKPOINT_KIND, "args": asdict(self.args), "global_step": global_step,
-                "iteration": iteration, "world_size": self.args.world_size, "best_eval": self.best_eval, **own_states[0],
-                "other_processes": own_states[1:], **{key: obj.state_dict() for key, obj in self.stateful.items()}}
+                "iteration": iteration, "world_size": self.args.world_size, "best_eval": self.best_eval,
+                **own_states[0], "other_processes": own_states[1:],
+                **{key: obj.state_dict() for key, obj in self.stateful.items()}}
 
     def keep_last_completed(self, iteration: int, global_step: int) -> None:
         if self.args.world_size == 1:  # under torchrun the other processes' states are out of reach
@@ -1526,9 +1527,8 @@ class Run:
 
 
 @torch.inference_mode()
-def evaluate(
-    checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
-) -> dict:
+def evaluate(checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto",
+             sim_device: str = "auto") -> dict:
     """Runs `episodes` deterministic episodes (`run_episodes`) of a checkpoint's policy, or of an exported policy.onnx
     run by onnxruntime alone, prints the result as JSON and returns it. The evaluation during training
     (--eval-interval) runs the same episodes: its eval/* logs of an iteration are this of that iteration's checkpoint.

@@ -396,9 +396,8 @@ class TransformerAgent(nn.Module):
             self.memory_init = nn.Parameter(torch.randn(P, D))
             self.memory_position = nn.Parameter(0.02 * torch.randn(P, D))
             self.memory_norm = nn.LayerNorm(D)  # the written memory stays bounded however long the episode
-        self.blocks = nn.ModuleList(
-            Block(D, args.num_heads, args.ff_mult, args.pre_ln, args.gated, args.small_init) for _ in range(args.num_layers)
-        )
+        self.blocks = nn.ModuleList(Block(D, args.num_heads, args.ff_mult, args.pre_ln, args.gated, args.small_init)
+                                    for _ in range(args.num_layers))
         self.final_norm = nn.LayerNorm(D) if args.pre_ln else nn.Identity()
         self.actor_mean = mlp(M * D, args.hidden_sizes, act_dim, args.activation, out_std=0.01)
         # Given a critic observation of its own (--privileged-critic), the critic is an MLP on the current step's.
@@ -749,7 +748,8 @@ def grad_norms(agent: nn.Module) -> dict[str, torch.Tensor]:
             norms[f"grad_max/{name}"] = param.grad.abs().max()
             if name.startswith("blocks."):
                 layer = f"grad_max_layer/{name.split('.')[1]}"
-                layer_max[layer] = torch.maximum(layer_max.get(layer, norms[f"grad_max/{name}"]), norms[f"grad_max/{name}"])
+                grad_max = norms[f"grad_max/{name}"]
+                layer_max[layer] = torch.maximum(layer_max.get(layer, grad_max), grad_max)
     return {**norms, **layer_max}
 
 
@@ -1236,8 +1236,8 @@ def resolve_args(args: Args) -> Args:
     elif args.bptt_len == 0:
         args.bptt_len = args.num_steps
     if args.bptt_len < 0 or args.num_steps % args.bptt_len:
-        raise UsageError(f"--bptt-len {args.bptt_len} does not divide --num-steps {args.num_steps}; choose a divisor of "
-                         f"{args.num_steps} (0: the whole rollout)")
+        raise UsageError(f"--bptt-len {args.bptt_len} does not divide --num-steps {args.num_steps}; choose a divisor "
+                         f"of {args.num_steps} (0: the whole rollout)")
     args.world_size = dist.get_world_size() if dist.is_initialized() else 1
     args.batch_size = args.num_envs * args.num_steps
     args.num_sequences = args.batch_size // args.bptt_len
@@ -1781,8 +1781,9 @@ class Run:
 
     def checkpoint_state(self, iteration: int, global_step: int, own_states: list[dict]) -> dict:
         return {"script": CHECKPOINT_KIND, "args": asdict(self.args), "global_step": global_step,
-                "iteration": iteration, "world_size": self.args.world_size, "best_eval": self.best_eval, **own_states[0],
-                "other_processes": own_states[1:], **{key: obj.state_dict() for key, obj in self.stateful.items()}}
+                "iteration": iteration, "world_size": self.args.world_size, "best_eval": self.best_eval,
+                **own_states[0], "other_processes": own_states[1:],
+                **{key: obj.state_dict() for key, obj in self.stateful.items()}}
 
     def keep_last_completed(self, iteration: int, global_step: int) -> None:
         if self.args.world_size == 1:  # under torchrun the other processes' states are out of reach
@@ -1911,9 +1912,8 @@ class Run:
 
 
 @torch.inference_mode()
-def evaluate(
-    checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto", sim_device: str = "auto"
-) -> dict:
+def evaluate(checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto",
+             sim_device: str = "auto") -> dict:
     """Runs `episodes` deterministic episodes (`run_episodes`) of a checkpoint's policy, or of an exported policy.onnx
     run by onnxruntime alone, prints the result as JSON and returns it. The evaluation during training
     (--eval-interval) runs the same episodes: its eval/* logs of an iteration are this of that iteration's checkpoint.

@@ -154,8 +154,9 @@ def main(args: Args) -> str:
     lines.append("")
     for label in sorted({r[2] for r in rows if r[0].startswith("CleanRL")}):
         clean_sps, clean_ratio = median_of("CleanRL ppo_continuous_action.py", label)
-        lines.append(f"- Medians, CleanRL with {label} torch threads: ours {ours_sps:,.0f} SPS ({ours_ratio:.3f} of its "
-                     f"simulator), CleanRL {clean_sps:,.0f} SPS ({clean_ratio:.3f} of its simulator): ours / CleanRL "
+        lines.append(f"- Medians, CleanRL with {label} torch threads: ours {ours_sps:,.0f} SPS "
+                     f"({ours_ratio:.3f} of its simulator), CleanRL {clean_sps:,.0f} SPS ({clean_ratio:.3f} of its "
+                     f"simulator): ours / CleanRL "
                      f"= **{ours_sps / clean_sps:.2f}x** in SPS, **{ours_ratio / clean_ratio:.2f}x** normalised.")
     table = "\n".join(lines) + "\n"
     print(table)

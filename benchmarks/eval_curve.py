@@ -68,7 +68,7 @@ class Args:
     stem: str | None = None
     """file name of the PNG and the table (None: franka_reach_success[_script] for the arm, else env_script_eval)"""
     success_target: float | None = 0.95
-    """the success rate drawn as the target line (FrankaReach-v0's 0.95; a task's own, e.g. 0.8 for picking; None: no line)"""
+    """the success rate drawn as the target line (FrankaReach-v0's 0.95; e.g. 0.8 for picking; None: no line)"""
 
 
 def default_stem(env_id: str, script: str) -> str:
@@ -143,12 +143,14 @@ def main(args: Args) -> str:
         target = args.success_target if metric == "success_rate" else target
         train = events.Scalars(tag) if tag in events.Tags()["scalars"] else []
         for ax, x_train, x_eval, x_label in (
-            (row_axes[0], [s.step / 1e6 for s in train], [r["step"] / 1e6 for r in rows], "environment steps (millions)"),
+            (row_axes[0], [s.step / 1e6 for s in train], [r["step"] / 1e6 for r in rows],
+             "environment steps (millions)"),
             (row_axes[1], [wall_of_step.get(s.step, float("nan")) / 60 for s in train], [r["wall"] / 60 for r in rows],
              "wall time (minutes, 2 CPU cores)"),
         ):
             ax.plot(x_train, [s.value for s in train], label="training episodes (exploration noise)", alpha=0.7)
-            ax.plot(x_eval, [r[metric] for r in rows], "o-", label=f"evaluation ({args.episodes} episodes, mean action)")
+            ax.plot(x_eval, [r[metric] for r in rows], "o-",
+                    label=f"evaluation ({args.episodes} episodes, mean action)")
             if metric in logged:
                 steps = sorted(logged[metric])
                 x_logged = ([s / 1e6 for s in steps] if x_label.startswith("environment")

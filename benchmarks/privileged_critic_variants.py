@@ -68,6 +68,9 @@ VARIANTS = {"noise": keep_dynamics_fixed, "zero-init": zero_privileged_weights,
             "masses-only": lambda: critic_reads_only("mass"), "frictions-only": lambda: critic_reads_only("friction")}
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        raise SystemExit(0)
     if len(sys.argv) < 2 or sys.argv[1] not in VARIANTS:
         print(f"error: the first word names the variant, one of {', '.join(VARIANTS)} (then ppo_continuous.py's "
               "flags)", file=sys.stderr)

@@ -4,9 +4,10 @@
     python benchmarks/run.py --preset full       # the published budgets (hours on 2 cores)
     python benchmarks/report.py --exp-name bench # regenerate the report from existing runs, no training
 
-At most --jobs runs at once, each with OMP_NUM_THREADS = cores/jobs (a script's --torch-threads preset may use fewer), each writing its normal run directory
-(runs/{env}__{exp_name}__{seed}__{time}). Resumable: a finished run is not run again; an unfinished one
-continues from its latest checkpoint. With --wandb-group the runs are tracked in W&B under that group.
+At most --jobs runs at once, each with OMP_NUM_THREADS = cores/jobs (a script's --torch-threads preset may use fewer),
+each writing its normal run directory (runs/{env}__{exp_name}__{seed}__{time}). Resumable: a finished run is not run
+again; an unfinished one continues from its latest checkpoint. With --wandb-group the runs are tracked in W&B under
+that group.
 """
 
 from __future__ import annotations
@@ -84,16 +85,16 @@ PRESETS = {
     "privileged": [("ppo_recurrent.py", "Go2WalkNoVelAll-v0", (1,), 10_000_000, ["--privileged-critic"], "privileged"),
                    ("ppo_recurrent.py", "FrankaReachCue-v0", (1,), 3_000_000, ["--privileged-critic"], "privileged")],
     # The transformer's stability flags, one changed at a time from the defaults.
-    "ablation": [("ppo_transformer.py", "MemoryCue-v0", (1, 2, 3), 16_384, LONG_CUE + flags, f"ablation_{name}".rstrip("_"))
-                 for name, flags in ABLATION.items()],
+    "ablation": [("ppo_transformer.py", "MemoryCue-v0", (1, 2, 3), 16_384, LONG_CUE + flags,
+                  f"ablation_{name}".rstrip("_")) for name, flags in ABLATION.items()],
 }
 
 
 @dataclass
 class Args:
-    preset: Literal["quick", "full", "memory", "ablation", "bipedal", "go2", "go2_memory", "go2_novelall", "arm_memory", "privileged",
-                    "push_memory", "arm_memory_transformer"] = "quick"
-    """which runs: quick (minutes), full (the MLP's published budgets), memory (PendulumNoVel, three scripts), ablation (transformer flags), bipedal (BipedalWalker-v3 preset), go2 / go2_memory / go2_novelall (the quadruped; its NoVel variant, three scripts; every velocity hidden, three scripts), arm_memory (FrankaReachCue-v0, three scripts), arm_memory_transformer (the transformer's memory mode on it), push_memory (FrankaPushCubeRandom-v0, three scripts), privileged (ppo_recurrent.py with --privileged-critic on Go2WalkNoVelAll-v0 and FrankaReachCue-v0)"""
+    preset: Literal["quick", "full", "memory", "ablation", "bipedal", "go2", "go2_memory", "go2_novelall",
+                    "arm_memory", "privileged", "push_memory", "arm_memory_transformer"] = "quick"
+    """which runs: quick (minutes), full (the MLP's published budgets), or a study (its comment in PRESETS)"""
     jobs: int = os.cpu_count() or 1
     """runs at once (no more than there are cores)"""
     exp_name: str | None = None
@@ -184,7 +185,8 @@ def main(args: Args) -> None:
     if failed:
         raise SystemExit(f"{len(failed)} run(s) failed: see {runs_dir}/bench_*.log")
     if not args.dry_run:
-        names = tuple(sorted({experiment_of(args, script, *suffix) for script, _, _, _, _, *suffix in PRESETS[args.preset]}))
+        names = tuple(sorted({experiment_of(args, script, *suffix)
+                              for script, _, _, _, _, *suffix in PRESETS[args.preset]}))
         report.write_report(report.Args(runs_dir=runs_dir, exp_names=names, out_dir=args.out_dir))
 
 

@@ -148,7 +148,8 @@ def open_study(sweep: SweepArgs, worker: int = 0, create: bool = True, trial_ind
     storage = RDBStorage(sweep.storage, engine_kwargs=engine, heartbeat_interval=30, grace_period=120,
                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
     seed = None if sweep.sampler_seed is None else sweep.sampler_seed + worker + 1000 * trial_index
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0) if sweep.prune else optuna.pruners.NopPruner()
+    pruner = (optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0) if sweep.prune
+              else optuna.pruners.NopPruner())
     if not create:
         return optuna.load_study(study_name=sweep.study_name, storage=storage)
     return optuna.create_study(study_name=sweep.study_name, storage=storage, load_if_exists=True, direction="maximize",
@@ -257,8 +258,8 @@ def write_report(sweep: SweepArgs) -> str:
     for t in order:
         value = f"{t.value:.4g}" if t.value is not None else ""
         lines.append(f"| {t.number} | {t.state.name.lower()} | {value} | "
-                     + " | ".join(f"{t.params[n]:.4g}" if isinstance(t.params.get(n), float) else str(t.params.get(n, ""))
-                                  for n in names) + " |")
+                     + " | ".join(f"{t.params[n]:.4g}" if isinstance(t.params.get(n), float)
+                                  else str(t.params.get(n, "")) for n in names) + " |")
     best_command = finished[0].user_attrs.get("command", "") if finished else ""
     if finished:
         lines += ["", f"Best: trial {finished[0].number}, objective {finished[0].value:.4g}. Rerun it with:", "",

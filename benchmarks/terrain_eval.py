@@ -153,8 +153,8 @@ def main(args: Args) -> str:
     for r in runs:
         steps = int(r["curves"][LEVEL_TAG][0][-1]) if LEVEL_TAG in r["curves"] else 0
         cells = [f"{tail_mean(r['curves'].get(f'{LEVEL_TAG}/{t}'), last):.2f}" for t in types]
-        lines.append(f"| {r['label']} | {steps:,} | {r['wall']:.0f} | **{tail_mean(r['curves'].get(LEVEL_TAG), last):.2f}**"
-                     " | " + " | ".join(cells) + " |")
+        level = tail_mean(r["curves"].get(LEVEL_TAG), last)
+        lines.append(f"| {r['label']} | {steps:,} | {r['wall']:.0f} | **{level:.2f}** | " + " | ".join(cells) + " |")
     lines += ["", "| run (falls) | all types | " + " | ".join(types) + " |", "|---|---:|" + "---:|" * len(types)]
     for r in runs:
         cells = [f"{100 * tail_mean(r['curves'].get(f'episode_metrics/fell/{t}'), last):.1f}%" for t in types]

@@ -2,7 +2,8 @@
 
     python benchmarks/train_throughput.py --env-id HalfCheetah-v5 --num-envs 1
     python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 256 1024
-    python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 1024 --scripts ppo_continuous ppo_recurrent ppo_transformer
+    python benchmarks/train_throughput.py --env-id FrankaReach-v0 --num-envs 1024 \
+        --scripts ppo_continuous ppo_recurrent ppo_transformer
     python benchmarks/train_throughput.py --env-id FrankaReachCue-v0 --num-envs 256 --iterations 8 \
         --scripts ppo_transformer "ppo_transformer:memory_tokens=0,context_len=16"
 
@@ -51,13 +52,14 @@ class Args:
     raw_steps: int = 4000
     """timed random-action steps (all envs together) for the simulator-alone and envs/ measurements"""
     scripts: list[str] = field(default_factory=lambda: ["ppo_continuous"])
-    """training scripts to measure (module names, with flags: ppo_transformer:context_len=16), on the first one's batch"""
+    """scripts to measure (ppo_transformer:context_len=16 sets a flag), all on the first one's batch"""
     out: str | None = None
     """append the result row to this Markdown file"""
 
 
 def parse_script(spec: str) -> tuple[str, dict]:
-    """'ppo_transformer:memory_tokens=0,context_len=16' -> ('ppo_transformer', {'memory_tokens': 0, 'context_len': 16})."""
+    """'ppo_transformer:memory_tokens=0,context_len=16'
+    -> ('ppo_transformer', {'memory_tokens': 0, 'context_len': 16})."""
     name, _, flags = spec.partition(":")
     overrides = {}
     for flag in filter(None, flags.split(",")):

@@ -1,6 +1,7 @@
 """The PPO update alone: seconds per `update()` of each script on a synthetic rollout of its preset's shape.
 
-    python benchmarks/update_throughput.py --env-id FrankaReach-v0 --scripts ppo_continuous ppo_recurrent ppo_transformer
+    python benchmarks/update_throughput.py --env-id FrankaReach-v0 \
+        --scripts ppo_continuous ppo_recurrent ppo_transformer
     python benchmarks/update_throughput.py --env-id HalfCheetah-v5 --repeats 4
 
 Each script's `update()` (its epochs of minibatch steps, optimizer and all) runs on one batch of random

@@ -399,7 +399,8 @@ class FrankaPickCubeVecEnv(FrankaGraspVecEnv):
             **({"place_fine": w["place_fine"] * closeness(4.0 * self.cube_to_goal.norm(dim=-1)) * grasped}
                if w["place_fine"] else {}),
             # 1 - tanh(|q'|): ManiSkill3's 1 - tanh(5 |q'|) is flat above about 0.5 rad/s, where the policies sat at
-            # the goal moving at 1-2 rad/s, unpaid for slowing (pick_diagnostics.md: 64% success at 5M steps at 5, 95% at 1).
+            # the goal moving at 1-2 rad/s, unpaid for slowing (pick_diagnostics.md: 64% success at 5M steps at 5,
+            # 95% at 1).
             "still": w["still"] * (1.0 - torch.tanh(self.still_speed_scale * joint_speed)) * placed,
             "success": w["success"] * self.solved.float(),
             **self._common_terms(),

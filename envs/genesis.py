@@ -88,7 +88,8 @@ class GenesisVecEnv(gym.vector.VectorEnv):
     def __init__(self, num_envs: int, seed: int, device, sim_device: str, max_episode_steps: int, decimation: int,
                  obs_dim: int, action_bound: float, action_dim: int, stagger_episodes: bool,
                  max_abs_value: float | None, render_mode: str | None):
-        for name, value in (("num_envs", num_envs), ("max_episode_steps", max_episode_steps), ("decimation", decimation)):
+        for name, value in (("num_envs", num_envs), ("max_episode_steps", max_episode_steps),
+                            ("decimation", decimation)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if max_abs_value is not None and not max_abs_value > 0:

@@ -93,7 +93,8 @@ def test_runner_runs_each_seed_once_in_parallel_and_skips_finished_runs(tmp_path
     finished = sorted(p.name.split("__")[2] for p in (tmp_path / "runs").glob("Pendulum-v1__bench_quick__*"))
     assert finished == ["1", "2"]
     assert all(run.find_run(str(tmp_path), "Pendulum-v1", "bench_quick", seed)[1] for seed in (1, 2))
-    assert "| ppo_continuous.py | bench_quick | Pendulum-v1 | 256 | 2 |" in (tmp_path / "results" / "README.md").read_text()
+    report_text = (tmp_path / "results" / "README.md").read_text()
+    assert "| ppo_continuous.py | bench_quick | Pendulum-v1 | 256 | 2 |" in report_text
     capsys.readouterr()
     run.main(args)
     assert capsys.readouterr().out.count("done already") == 2
@@ -205,7 +206,8 @@ def test_eval_bins_evaluates_each_runs_last_checkpoint_with_each_bins_ranges_and
                           out_dir=str(tmp_path / "out"), stem="bins")
     text = eval_bins.main(args)
     # light: 0.1 + seed/100 -> 11%, 12%; heavy: 51%, 52%; both at the last checkpoint's 2,000 steps
-    assert "| push | ppo_continuous.py | 2 | 2,000 | **11.5% ± 0.5%** (11.0%, 12.0%) | **51.5% ± 0.5%** (51.0%, 52.0%) |" in text
+    assert ("| push | ppo_continuous.py | 2 | 2,000 | **11.5% ± 0.5%** (11.0%, 12.0%) "
+            "| **51.5% ± 0.5%** (51.0%, 52.0%) |") in text
     assert len(evaluated) == 4
     for run in glob.glob(os.path.join(tmp_path, "Rand-v0__push__*")):
         assert torch.load(os.path.join(run, "checkpoint_000081.pt"))["args"] == saved_args

@@ -78,9 +78,10 @@ def tiny_flags(name: str, **overrides) -> dict:
     """Each script's tiny Pendulum run with both normalisers and the adaptive-KL rate (whose KL must be averaged),
     four iterations of two processes and short episodes (several end in every iteration)."""
     small = script_named(name).small
-    return {**small, "total_timesteps": small["num_envs"] * small["num_steps"] * 4 * WORLD, "lr_schedule": "adaptive_kl",
-            "norm_obs": True, "norm_reward": True, "env_kwargs": {"max_episode_steps": 20}, "checkpoint_interval": 2,
-            "eval_interval": 2, "eval_episodes": 3, **overrides}
+    return {**small, "total_timesteps": small["num_envs"] * small["num_steps"] * 4 * WORLD,
+            "lr_schedule": "adaptive_kl", "norm_obs": True, "norm_reward": True,
+            "env_kwargs": {"max_episode_steps": 20}, "checkpoint_interval": 2, "eval_interval": 2, "eval_episodes": 3,
+            **overrides}
 
 
 def _train_and_read_state(rank, name, flags):
@@ -255,8 +256,8 @@ def test_two_process_run_resumed_from_its_checkpoint_ends_as_if_never_stopped(na
     run_dir = straight[0]["summary"]["run_dir"]
     checkpoint = torch.load(os.path.join(tmp_path, run_dir, "checkpoint_000002.pt"), weights_only=True)
     assert checkpoint["world_size"] == WORLD and len(checkpoint["other_processes"]) == WORLD - 1
-    resumed = run_processes(_train_and_read_state, name, dict(flags, resume=os.path.join(run_dir, "checkpoint_000002.pt")),
-                            cwd=tmp_path)
+    resume = os.path.join(run_dir, "checkpoint_000002.pt")
+    resumed = run_processes(_train_and_read_state, name, dict(flags, resume=resume), cwd=tmp_path)
     assert resumed[0]["summary"]["global_step"] == straight[0]["summary"]["global_step"]
     assert resumed[0]["evaluations"] == straight[0]["evaluations"][1:]  # iteration 4's, as if never stopped
     for rank in range(WORLD):

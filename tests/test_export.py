@@ -207,7 +207,8 @@ def test_evaluating_another_scripts_onnx_is_refused_in_one_line(name, in_tmp):
         script_named(name).module.evaluate(onnx_path, episodes=1, device="cpu", sim_device="cpu")
 
 
-@pytest.mark.parametrize("trunks", [(("shared_trunk", False),), (("shared_trunk", True),)], ids=["two-trunks", "shared"])
+@pytest.mark.parametrize("trunks", [(("shared_trunk", False),), (("shared_trunk", True),)],
+                         ids=["two-trunks", "shared"])
 def test_exported_lstm_policy_of_two_layers_acts_as_the_script(trunks, in_tmp):
     """Bugs: an LSTM exported as if it were a GRU (its cell state dropped), layers or trunks mixed up in the flat
     state (the deployed state is the actor trunk's slice of the script's)."""

@@ -143,7 +143,8 @@ def test_actions_act_one_step_late_as_on_the_robot(either):
     joints, positions = block(either, "joints"), block(either, "joint_positions")
     torch.testing.assert_close(standing[1, joints], standing[0, joints])  # same joints after the first step
     moved = either.step(torch.zeros(4, 12))[0]
-    assert (moved[1, positions] - moved[0, positions]).abs().min() > 0.01  # the kick acted on the second step (kp 20: soft)
+    # the kick acted on the second step (kp 20: soft)
+    assert (moved[1, positions] - moved[0, positions]).abs().min() > 0.01
 
 
 def test_each_action_entry_drives_the_joint_it_names(batch):

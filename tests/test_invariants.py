@@ -75,7 +75,8 @@ def clone(x):
 
 
 def agent_class(module):
-    return next(getattr(module, name) for name in ("RecurrentAgent", "TransformerAgent", "Agent") if hasattr(module, name))
+    return next(getattr(module, name) for name in ("RecurrentAgent", "TransformerAgent", "Agent")
+                if hasattr(module, name))
 
 
 def run_recorded(script, monkeypatch, tmp_path, **overrides):
@@ -320,7 +321,8 @@ def test_tanh_log_prob_includes_the_change_of_variables(script):
         dist = Normal(mean, agent.actor_logstd.exp().expand_as(mean))
         u = dist.sample() * 2
         low, high = agent.action_low, agent.action_high
-        reference = TransformedDistribution(dist, [TanhTransform(), AffineTransform((high + low) / 2, (high - low) / 2)])
+        squash = [TanhTransform(), AffineTransform((high + low) / 2, (high - low) / 2)]
+        reference = TransformedDistribution(dist, squash)
         logprob, _, _ = script.evaluate(agent, obs, u)
         torch.testing.assert_close(logprob, reference.log_prob(agent.env_action(u)).sum(-1), atol=1e-4, rtol=1e-4)
         actions, act_logprob, _ = script.act(agent, obs)
@@ -526,7 +528,8 @@ def test_robust_advantage_normalisation_only_centres_flat_advantages(script):
     assert losses[True] < 1e-5 and losses[False] > 1e-3
     varied = torch.randn(64)  # a real spread: both normalise alike
     same = [script.loss(agent, obs, actions, logprobs, varied, values, values, script.module.Args(
-        robust_adv_norm=robust, norm_adv_per_minibatch=True, ent_coef=0.0))[1]["policy_loss"].item() for robust in (False, True)]
+        robust_adv_norm=robust, norm_adv_per_minibatch=True, ent_coef=0.0))[1]["policy_loss"].item()
+        for robust in (False, True)]
     assert same[0] == pytest.approx(same[1], rel=1e-6, abs=1e-8)
 
 

@@ -33,6 +33,7 @@ def test_env_kwargs_flag_keeps_integers_integers():
     """Bug: `--env-kwargs decimation 4` parsed as 4.0, which the env rejects."""
     import tyro
 
-    args = tyro.cli(ppo.Args, args=["--env-kwargs", "decimation", "4", "action_scale", "0.1", "stagger_episodes", "False"])
+    args = tyro.cli(ppo.Args, args=["--env-kwargs", "decimation", "4", "action_scale", "0.1",
+                                    "stagger_episodes", "False"])
     assert args.env_kwargs == {"decimation": 4, "action_scale": 0.1, "stagger_episodes": False}
     assert isinstance(args.env_kwargs["decimation"], int)

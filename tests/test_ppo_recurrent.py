@@ -129,7 +129,8 @@ def test_recompute_hidden_starts_every_later_epoch_from_the_states_the_current_w
     ppo.train(args)
     T, K = args.num_steps, args.bptt_len
     for iteration in range(len(calls) // epochs):
-        obs, states, starts = (torch.stack([r[i] for r in rollout[iteration * T : (iteration + 1) * T]]) for i in range(3))
+        steps = rollout[iteration * T : (iteration + 1) * T]
+        obs, states, starts = (torch.stack([r[i] for r in steps]) for i in range(3))
         stored = states[::K].flatten(0, 1)  # the state entering each chunk's first step, per (chunk, env)
         for epoch in range(epochs):
             agent, sequence_obs, sequence_states, sequence_starts = calls[iteration * epochs + epoch]
@@ -143,7 +144,8 @@ def test_recompute_hidden_starts_every_later_epoch_from_the_states_the_current_w
                             chunk_states.append(state)
                         _, _, state = agent.features(obs[t][None], state, starts[t][None])
                 expected = torch.stack(chunk_states).flatten(0, 1)
-            match = torch.cdist(sequence_obs[0], obs[::K].flatten(0, 1), compute_mode="donot_use_mm_for_euclid_dist").argmin(1)
+            match = torch.cdist(sequence_obs[0], obs[::K].flatten(0, 1),
+                                compute_mode="donot_use_mm_for_euclid_dist").argmin(1)
             entering = sequence_states * ~sequence_starts[0, :, None]  # the loss zeroes it where an episode starts
             torch.testing.assert_close(entering, expected[match], atol=1e-5, rtol=1e-5)
             if epoch > 0:

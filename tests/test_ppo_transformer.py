@@ -18,8 +18,8 @@ MODES = {"history": dict(context_len=4, num_tokens=1), "tokens": dict(context_le
 
 def make_agent(obs_dim=3, seed=0, **overrides):
     torch.manual_seed(seed)
-    args = ppo.resolve_args(ppo.task_args("PendulumNoVel-v1", **{**dict(token_dim=8, num_heads=2, num_layers=2,
-                                                                         critic="shared", small_init=False), **overrides}))
+    small = dict(token_dim=8, num_heads=2, num_layers=2, critic="shared", small_init=False)
+    args = ppo.resolve_args(ppo.task_args("PendulumNoVel-v1", **{**small, **overrides}))
     return ppo.TransformerAgent(args, *spaces(obs_dim, 2, -1.0, 1.0))
 
 
@@ -135,7 +135,8 @@ def test_small_init_starts_the_branches_quiet():
     for small in (True, False):
         diagnostics = {"attention_entropy": [], "residual_ratio": []}
         with torch.no_grad():
-            make_agent(context_len=4, small_init=small).features(windows.flatten(0, 1), valid.flatten(0, 1), diagnostics=diagnostics)
+            make_agent(context_len=4, small_init=small).features(windows.flatten(0, 1), valid.flatten(0, 1),
+                                                                 diagnostics=diagnostics)
         ratios[small] = max(r.item() for r in diagnostics["residual_ratio"])
     assert ratios[True] < 0.05 < ratios[False]
 

@@ -149,8 +149,9 @@ CLI_CASES = [
      "--num-envs does nothing with --eval-checkpoint"),
     ("ppo_transformer", ["--export-checkpoint", "{ppo_transformer}", "--norm-obs"],
      "--norm-obs does nothing with --export-checkpoint"),
-    *((script, ["--env-id", "PendulumNoVel-v1", "--compile-mode", "reduce-overhead"], "--compile-mode must be used with "
-       "--compile") for script in ("ppo_continuous", "ppo_recurrent", "ppo_transformer")),
+    *((script, ["--env-id", "PendulumNoVel-v1", "--compile-mode", "reduce-overhead"],
+       "--compile-mode must be used with --compile")
+      for script in ("ppo_continuous", "ppo_recurrent", "ppo_transformer")),
 ]
 # (envs.make keyword arguments, or "step" to step with a wrong action shape; what the message must name)
 ENV_CASES = [

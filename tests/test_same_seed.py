@@ -22,7 +22,8 @@ from conftest import SCRIPTS, script_named  # noqa: E402
 
 RECORD = os.path.join(TESTS, "data", "same_seed.json")
 TASKS = {"pendulum": {},
-         "arm": dict(num_envs=64, num_steps=24, num_minibatches=4, update_epochs=2, env_kwargs={"max_episode_steps": 30})}
+         "arm": dict(num_envs=64, num_steps=24, num_minibatches=4, update_epochs=2,
+                     env_kwargs={"max_episode_steps": 30})}
 
 
 def numbers(name: str, task: str) -> dict:
