@@ -248,7 +248,8 @@ def test_the_critic_reads_only_the_named_draws_and_the_simulator_gets_them_all(s
         expected = rand.dynamics[:, column - 59] if name.endswith(read) else middle[column - 59].expand(4)
         torch.testing.assert_close(critic_obs[:, column], expected, msg=name)
     assert len(set(rand.dynamics[:, rand.dynamics_names.index("cube_friction")].tolist())) == 4
-    torch.testing.assert_close(rand.cube.get_links_mass()[:, 0], rand.dynamics[:, 0])
+    drawn_mass = rand.dynamics[:, rand.dynamics_names.index("cube_mass")]
+    torch.testing.assert_close(rand.cube.get_links_mass()[:, 0], drawn_mass)
 
 
 def test_the_zero_init_variant_zeroes_only_the_critics_weights_on_the_privileged_columns(monkeypatch):
