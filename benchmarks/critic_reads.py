@@ -9,6 +9,13 @@ weights per input column, the privileged ones and the mean of the policy's (with
 of a column). For a task whose privileged numbers are constant per episode (drawn masses and frictions), a spread
 that stays at its initial size says the critic has not learnt to use them, one that grows that it has.
 
+A column's norm can grow without the critic reading it: a column that is the same in every env (a quantity held
+constant) gets the first-layer bias's gradient times that constant, and under Adam moves with the bias. So each
+privileged column's weights are also compared with the run's first checkpoint read: the norm of their change since,
+less its part along the bias's change. That is zero for a column that moved only as a bias, but not for a column of
+noise, whose weights wander: read it beside a run whose drawn columns mean nothing
+(`benchmarks/privileged_critic_variants.py noise`).
+
     python benchmarks/critic_reads.py --run-dirs runs/FrankaStackCubeRandom-v0__stackrandom_priv__1__<time> --every 4
 """
 
@@ -39,8 +46,8 @@ class Args:
 
 def privileged_reliance(checkpoint: dict, reference: torch.Tensor | None = None) -> dict:
     """For one checkpoint: the step, the std over its envs of value(critic obs) - value(the privileged columns set to
-    `reference`, default their mean), the std of the values themselves, and the critic's first-layer column norms
-    (the policy's columns' mean, then each privileged column's)."""
+    `reference`, default their mean), the std of the values themselves, the critic's first-layer column norms (the
+    policy's columns' mean, then each privileged column's), and its first-layer privileged columns and bias."""
     args = ppo_continuous.args_from_checkpoint(checkpoint)
     critic_obs = checkpoint.get("next_critic_obs_raw")
     if critic_obs is None:
@@ -62,10 +69,24 @@ def privileged_reliance(checkpoint: dict, reference: torch.Tensor | None = None)
     common[:, obs_dim:] = critic_obs[:, obs_dim:].mean(0) if reference is None else reference
     with torch.no_grad():
         value, value_common = agent.get_value(normaliser(critic_obs)), agent.get_value(normaliser(common))
-    weight_norms = agent.critic[0].weight.detach().norm(dim=0)
+    first_layer = agent.critic[0]
+    weight_norms = first_layer.weight.detach().norm(dim=0)
     return {"global_step": checkpoint["global_step"], "offset_std": (value - value_common).std().item(),
             "value_std": value.std().item(), "policy_columns": weight_norms[:obs_dim].mean().item(),
-            "privileged_columns": weight_norms[obs_dim:].tolist()}
+            "privileged_columns": weight_norms[obs_dim:].tolist(),
+            "privileged_weights": first_layer.weight.detach()[:, obs_dim:].clone(),
+            "bias": first_layer.bias.detach().clone()}
+
+
+def moved_off_bias(first: dict, later: dict) -> list[float]:
+    """Per privileged column, the norm of its first-layer weights' change from `first` to `later` (two rows of one
+    run) less the change's projection on the bias's change: a column constant over the envs moves only along it."""
+    bias_change = later["bias"] - first["bias"]
+    change = later["privileged_weights"] - first["privileged_weights"]
+    if bias_change.norm() > 0:
+        direction = bias_change / bias_change.norm()
+        change = change - direction[:, None] * (direction @ change)[None, :]
+    return change.norm(dim=0).tolist()
 
 
 def main(args: Args) -> dict[str, list[dict]]:
@@ -83,10 +104,13 @@ def main(args: Args) -> dict[str, list[dict]]:
         except ValueError as error:
             raise SystemExit(f"error: --run-dirs {run_dir}: {error}") from None
         print(os.path.basename(run_dir.rstrip("/")))
-        print(f"  {'step':>10} {'offset std':>10} {'value std':>9}  first-layer column norms: policy mean | privileged")
+        print(f"  {'step':>10} {'offset std':>10} {'value std':>9}  first-layer column norms: policy mean | privileged"
+              " | privileged moved since the first row, off the bias")
         for row in rows[run_dir]:
+            row["moved_off_bias"] = moved_off_bias(rows[run_dir][0], row)
             print(f"  {row['global_step']:>10,} {row['offset_std']:>10.3f} {row['value_std']:>9.3f}  "
-                  f"{row['policy_columns']:.2f} | {' '.join(f'{n:.2f}' for n in row['privileged_columns'])}")
+                  f"{row['policy_columns']:.2f} | {' '.join(f'{n:.2f}' for n in row['privileged_columns'])} | "
+                  f"{' '.join(f'{n:.2f}' for n in row['moved_off_bias'])}")
     return rows
 
 

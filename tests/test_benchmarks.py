@@ -715,3 +715,24 @@ def test_critic_reads_measures_the_value_against_the_privileged_columns_alone(tm
     assert (blind["global_step"], reads["global_step"]) == (5, 10)
     assert blind["offset_std"] == 0.0 and blind["privileged_columns"] == [0.0, 0.0]
     assert reads["offset_std"] == pytest.approx(expected.std().item(), rel=1e-5) and reads["offset_std"] > 0
+    # the bias unchanged and the privileged columns grown from zero: each moved by its whole norm since the first row
+    assert blind["moved_off_bias"] == [0.0, 0.0]
+    assert reads["moved_off_bias"] == pytest.approx(reads["privileged_columns"], rel=1e-5)
+
+
+def test_critic_reads_does_not_count_a_constant_columns_bias_motion_as_reading_it():
+    """Bugs in benchmarks/critic_reads.moved_off_bias: the change not measured from the run's first row, or a column
+    held constant over the envs (whose weights move with the first-layer bias under Adam) counted as read."""
+    from benchmarks import critic_reads
+    torch.manual_seed(0)
+    first = {"privileged_weights": torch.randn(8, 3), "bias": torch.randn(8)}
+    bias_change, own_change = torch.randn(8), torch.randn(8)
+    own_change -= bias_change * (own_change @ bias_change) / bias_change.norm() ** 2  # off the bias's direction
+    later = {"bias": first["bias"] + bias_change,
+             "privileged_weights": first["privileged_weights"] + torch.stack(
+                 [0.5 * bias_change, own_change, 0.5 * bias_change + own_change], dim=1)}
+    constant, read, both = critic_reads.moved_off_bias(first, later)
+    assert constant == pytest.approx(0.0, abs=1e-5)
+    assert read == pytest.approx(own_change.norm().item(), rel=1e-5)
+    assert both == pytest.approx(own_change.norm().item(), rel=1e-5)
+    assert critic_reads.moved_off_bias(first, first) == [0.0, 0.0, 0.0]
