@@ -84,6 +84,10 @@ PRESETS = {
     # on the two memory tasks where the earlier runs without it are the baselines (go2_novelall, arm_memory: seed 1).
     "privileged": [("ppo_recurrent.py", "Go2WalkNoVelAll-v0", (1,), 10_000_000, ["--privileged-critic"], "privileged"),
                    ("ppo_recurrent.py", "FrankaReachCue-v0", (1,), 3_000_000, ["--privileged-critic"], "privileged")],
+    # The MLP's critic reading the cube's drawn mass and frictions (--privileged-critic) against the same preset without
+    # it, on FrankaPushCubeRandom-v0 at push_memory's budget; seed by seed, both arms of a seed side by side.
+    "push_privileged": [("ppo_continuous.py", "FrankaPushCubeRandom-v0", (seed,), 2_000_000, flags, suffix)
+                        for seed in (1, 2, 3) for flags, suffix in (([], ""), (["--privileged-critic"], "privileged"))],
     # The transformer's stability flags, one changed at a time from the defaults.
     "ablation": [("ppo_transformer.py", "MemoryCue-v0", (1, 2, 3), 16_384, LONG_CUE + flags,
                   f"ablation_{name}".rstrip("_")) for name, flags in ABLATION.items()],
@@ -93,7 +97,7 @@ PRESETS = {
 @dataclass
 class Args:
     preset: Literal["quick", "full", "memory", "ablation", "bipedal", "go2", "go2_memory", "go2_novelall",
-                    "arm_memory", "privileged", "push_memory", "arm_memory_transformer"] = "quick"
+                    "arm_memory", "privileged", "push_memory", "push_privileged", "arm_memory_transformer"] = "quick"
     """which runs: quick (minutes), full (the MLP's published budgets), or a study (its comment in PRESETS)"""
     jobs: int = os.cpu_count() or 1
     """runs at once (no more than there are cores)"""
