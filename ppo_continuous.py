@@ -795,6 +795,7 @@ def train(args: Args, on_iteration=None, typed_flags: set[str] | None = None) ->
             batch = (rollout.obs.flatten(0, 1), rollout.actions.flatten(0, 1), rollout.logprobs.flatten(),
                      advantages.flatten(), returns.flatten(), rollout.values.flatten(), critic_obs)
             update_stats, epochs_done = update(agent, optimizer, loss_fn, batch, args)
+            stop_if_diverged(stateful, update_stats, iteration)
             update_time = elapsed_since(update_start)
             torch.set_num_threads(rollout_threads)
             eval_metrics = run.evaluate(iteration, agent, obs_norm)  # --eval-interval: the updated policy, deployed
@@ -867,6 +868,7 @@ def resolve_args(args: Args) -> Args:
     if args.num_iterations < 1:
         raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch "
                          f"({args.batch_size * args.world_size} steps)")
+    check_advantage_steps(args)
     return args
 
 
@@ -909,6 +911,18 @@ def check_flags(args: Args, at_least_one: tuple[str, ...]) -> None:
     for name, ok, requirement in rules:
         if not ok:
             raise UsageError(f"--{name.replace('_', '-')} must be {requirement}, got {getattr(args, name)!r}")
+
+
+def check_advantage_steps(args: Args) -> None:
+    """--norm-adv over a single step divides by the std of one number, NaN: every weight NaN after the first update,
+    and the run going on as if nothing were wrong (the NaN actions read as env blow-ups)."""
+    per_minibatch = args.norm_adv_per_minibatch
+    steps = (args.batch_size // args.num_minibatches if per_minibatch else args.batch_size) * args.world_size
+    if args.norm_adv and steps < 2:
+        fix = "lower --num-minibatches, raise" if per_minibatch else "raise"
+        raise UsageError(f"--norm-adv normalises advantages over {'a minibatch' if per_minibatch else 'the batch'} "
+                         f"of {steps} step (the std of one number is NaN): {fix} --num-envs or --num-steps, or give "
+                         "--no-norm-adv")
 
 
 def pick_device(name: str, flag: str) -> torch.device:
@@ -1068,6 +1082,31 @@ CHECKPOINT_KIND = "ppo_continuous"  # written into every checkpoint: another scr
 
 class EnvStepError(RuntimeError):
     """The env raised inside `step`: the run stops with its last completed iteration saved."""
+
+
+class TrainingDiverged(RuntimeError):
+    """An update left NaN or inf in the network or a normaliser: the run stops rather than train on (silently: the
+    NaN actions would read as env blow-ups, every episode one step long, until the last iteration)."""
+
+
+def stop_if_diverged(stateful: dict, update_stats: dict, iteration: int) -> None:
+    """Raises TrainingDiverged when a weight of the network or a statistic of a normaliser (of the checkpoint's
+    `stateful`) is not finite after iteration's update, before anything of it is logged or saved: one host sync per
+    iteration. Under torchrun the processes hold the same network and normalisers, so all stop at the same iteration."""
+    tensors = {f"{key}.{name}": tensor for key, module in stateful.items() if isinstance(module, nn.Module)
+               for name, tensor in (module.named_buffers() if isinstance(module, RunningMeanStd)
+                                    else module.named_parameters())}
+    if torch.stack([tensor.isfinite().all() for tensor in tensors.values()]).all():
+        return
+    broken = [name for name, tensor in tensors.items() if not tensor.isfinite().all()]
+    losses = ", ".join(f"{key.removeprefix('losses/')} {float(value.detach()):.3g}"
+                       for key, value in update_stats.items()
+                       if key in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl"))
+    raise TrainingDiverged(
+        f"training diverged: iteration {iteration}'s update left NaN or inf in {', '.join(broken[:3])}"
+        f"{' and more' if len(broken) > 3 else ''} (its mean {losses}); nothing of it is logged or saved (a "
+        "checkpoint, if any, holds an earlier iteration): start a new run with a lower --learning-rate or "
+        "--max-grad-norm, or check the task's rewards and observations")
 
 
 def create_run_dir(args: Args) -> str:
@@ -1762,8 +1801,9 @@ def print_run_end(summary: dict) -> None:
 
 def cli(argv: list[str] | None = None) -> None:
     """Trains, evaluates --eval-checkpoint, or exports --export-checkpoint. Bad input ends with one line naming the
-    flag and the fix (exit status 2); a failing env with one line and exit status 1; a run stopped by SIGINT or
-    SIGTERM, once its checkpoint is saved, with 128 + the signal's number, as a shell reports a signalled process."""
+    flag and the fix (exit status 2); a failing env, or training that diverged, with one line and exit status 1; a
+    run stopped by SIGINT or SIGTERM, once its checkpoint is saved, with 128 + the signal's number, as a shell reports
+    a signalled process."""
     argv = sys.argv[1:] if argv is None else argv
     args, typed_flags = parse_args(argv), flags_typed(argv)
     try:
@@ -1781,7 +1821,7 @@ def cli(argv: list[str] | None = None) -> None:
             print_run_end(summary)
             if summary["stopped_by"]:
                 raise SystemExit(128 + summary["stopped_by"])
-    except (UsageError, EnvStepError) as error:
+    except (UsageError, EnvStepError, TrainingDiverged) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2 if isinstance(error, UsageError) else 1) from None
     except RuntimeError as error:  # under torchrun, a collective that failed: another process died or hangs

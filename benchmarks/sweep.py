@@ -189,7 +189,11 @@ def make_objective(sweep: SweepArgs, space: dict, script_argv: list[str]):
                     if trial.should_prune():
                         raise optuna.TrialPruned(f"pruned at {metrics['global_step']} steps of seed {seed}")
 
-            summary = module.train(args, on_iteration=report)
+            try:
+                summary = module.train(args, on_iteration=report)
+            except module.TrainingDiverged as error:  # the worst score, not a failed trial that stops the worker
+                trial.set_user_attr("diverged", str(error))
+                return -math.inf
             steps_before += summary["global_step"]
             trial.set_user_attr(f"run_dir_seed{seed}", summary["run_dir"])
             if sweep.objective == "success":

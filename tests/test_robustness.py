@@ -152,6 +152,16 @@ CLI_CASES = [
     *((script, ["--env-id", "PendulumNoVel-v1", "--compile-mode", "reduce-overhead"],
        "--compile-mode must be used with --compile")
       for script in ("ppo_continuous", "ppo_recurrent", "ppo_transformer")),
+    # Advantages normalised over one step: its std is NaN, every weight NaN after the first update.
+    ("ppo_continuous", PENDULUM + ["--num-envs", "1", "--num-steps", "8", "--num-minibatches", "8",
+                                   "--norm-adv-per-minibatch", "--total-timesteps", "16"],
+     "--norm-adv normalises advantages over a minibatch of 1 step"),
+    ("ppo_recurrent", ["--env-id", "PendulumNoVel-v1", "--num-envs", "2", "--num-steps", "4", "--bptt-len", "1",
+                       "--num-minibatches", "8", "--norm-adv-per-minibatch", "--total-timesteps", "16"],
+     "--norm-adv normalises advantages over a minibatch of 1 step"),
+    ("ppo_transformer", ["--env-id", "PendulumNoVel-v1", "--num-envs", "1", "--num-steps", "1", "--bptt-len", "1",
+                         "--num-minibatches", "1", "--no-norm-adv-per-minibatch", "--total-timesteps", "4"],
+     "--norm-adv normalises advantages over the batch of 1 step"),
 ]
 # (envs.make keyword arguments, or "step" to step with a wrong action shape; what the message must name)
 ENV_CASES = [
@@ -614,6 +624,32 @@ def test_an_env_exception_stops_with_one_line_and_keeps_the_last_completed_itera
     monkeypatch.setattr(FailingEnv, "fail_at", 10**9)  # the env fixed: the run resumes from iteration 3
     resumed = script.module.train(script.module.Args(resume=os.path.join(run_dir, "checkpoint.pt"), progress_bar=False))
     assert [h["iteration"] for h in resumed["history"]] == [3, 4]
+
+
+
+def test_an_update_that_diverges_stops_the_run_with_one_line_and_saves_nothing_of_it(script, in_tmp, monkeypatch,
+                                                                                    capsys):
+    """Bug: weights blown up to NaN (a learning rate too large for the task) and the run going on to its last
+    iteration as if nothing were wrong, the NaN actions read as env blow-ups (one-step episodes) and a NaN checkpoint
+    written over the last good one."""
+    args = script.args()
+    batch = args.num_envs * args.num_steps
+    real_fraction = script.module.lr_fraction
+    monkeypatch.setattr(script.module, "lr_fraction",  # a rate of 1e30 from iteration 3: NaN within its update
+                        lambda args, iteration: real_fraction(args, iteration) * (1.0 if iteration < 3 else 1e30))
+    argv = as_flags({**script.small, "total_timesteps": 5 * batch, "checkpoint_interval": 1, "lr_schedule": "linear"})
+    with pytest.raises(SystemExit) as exit_info:
+        script.module.cli(argv)
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: training diverged: iteration 3's update") and "\n" not in err, err
+    assert "model." in err and "--learning-rate" in err
+    run_dir = glob.glob(str(in_tmp / "runs/*"))[0]
+    checkpoint = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)
+    assert checkpoint["iteration"] == 2
+    assert all(torch.isfinite(tensor).all() for tensor in checkpoint["model"].values() if tensor.is_floating_point())
+    events = EventAccumulator(run_dir).Reload()
+    assert [event.step for event in events.Scalars("losses/value_loss")] == [batch, 2 * batch]
 
 
 # ---------------------------------------------------------------- W&B

@@ -71,3 +71,18 @@ def test_a_space_naming_no_flag_or_a_bad_range_is_refused_in_one_line(tmp_path):
         done = sweep("--space", space, "--", *TINY, cwd=tmp_path)
         assert done.returncode == 2 and expected in done.stderr and "Traceback" not in done.stderr
     assert not os.path.exists(tmp_path / "runs")  # refused before anything was written
+
+
+def test_a_trial_whose_training_diverges_scores_worst_and_the_sweep_goes_on(tmp_path):
+    """Bug: a sampled learning rate that blows the weights up to NaN ending the whole sweep with a traceback (or,
+    before runs stopped on divergence, scoring the NaN policy's one-step episodes as if it had trained)."""
+    import optuna
+
+    done = sweep("--trials", "2", "--workers", "1", "--no-prune", "--space", "learning_rate=log:1e29:1e30", "--",
+                 *TINY, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    study = optuna.load_study(study_name="sweep", storage=f"sqlite:///{tmp_path / 'runs' / 'sweeps.db'}")
+    assert len(study.trials) == 2
+    for trial in study.trials:
+        assert trial.state.name == "COMPLETE" and trial.value == float("-inf")
+        assert trial.user_attrs["diverged"].startswith("training diverged: iteration 1's update")
