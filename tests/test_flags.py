@@ -42,9 +42,11 @@ RNNS = [(("rnn_type", "gru"), ("shared_trunk", False)), (("rnn_type", "lstm"), (
 MODES = [(("context_len", 8), ("num_tokens", 1)), (("context_len", 1), ("num_tokens", 4))]
 MEMORY = (("memory_tokens", 2), ("context_len", 2), ("num_minibatches", 3))  # 3 envs: 3 whole-rollout sequences
 # Flat advantages for --robust-adv-norm: observations all zero, so the value is the same at every step (the MLP and
-# the RNN start with zero biases; the transformer sees one step, a window that never changes), rewards of about
-# 1e-8, no discount and no reward scaling.
-FLAT_CONTEXT = (("gamma", 1.0), ("norm_reward", False), ("context_len", 1))
+# the RNN start with zero biases; the transformer's value from its MLP critic on the observation alone: from its
+# features, nonzero where the observation is zero, the value of identical rows differed by one rounding step, on an
+# AVX2 CPU as much as the rewards, and the baseline run differed from itself), rewards of about 1e-8, no discount and
+# no reward scaling.
+FLAT_CONTEXT = (("gamma", 1.0), ("norm_reward", False), ("context_len", 1), ("critic", "mlp"))
 
 MOVES: dict[str, list[Move]] = {
     "seed": [Move(2)],
@@ -231,7 +233,9 @@ def same(a: dict, b: dict) -> bool:
         other = b["model"][key]
         if tensor.shape != other.shape or not torch.allclose(tensor, other, rtol=1e-5, atol=1e-7, equal_nan=True):
             return False
-    return all(x.keys() == y.keys() and all(abs(x[k] - y[k]) <= 1e-7 + 1e-5 * abs(y[k]) for k in x)
+    # A loss is a mean of float32 terms of about one (normalised advantages): its rounding is some 1e-7 however small
+    # the mean (the policy loss, the KL), and compiled kernels sum in another order.
+    return all(x.keys() == y.keys() and all(abs(x[k] - y[k]) <= 1e-6 + 1e-5 * abs(y[k]) for k in x)
                for x, y in zip(a["losses"], b["losses"]))
 
 

@@ -2,14 +2,16 @@
 script, on Pendulum-v1 and on the Genesis arm, against tests/data/same_seed.json.
 
 Its purpose is a refactor that moves code (issue 42: the loop as module-level functions) and must not change one
-number: run it before and after. Recorded on this project's 2-core CPU machines with torch 2.13.0; compared to a
-relative 1e-5, so that another CPU's kernels (summing in another order) do not fail it while any change to the
-algorithm does. `python tests/test_same_seed.py` records the numbers again (only after a change meant to alter them).
+number: run it before and after. Recorded on this project's 2-core CPU machines with torch 2.13.0; compared to 1e-5
+of the size of what is summed, so that another CPU's kernels (summing in another order) do not fail it while any
+change to the algorithm does. `python tests/test_same_seed.py` records the numbers again (only after a change meant
+to alter them).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -50,13 +52,18 @@ def test_same_seed_training_gives_the_recorded_numbers(name, task, in_tmp):
         expected = json.load(f)[f"{name}/{task}"]
     got = numbers(name, task)
     assert got["params"].keys() == expected["params"].keys()
-    for key, value in expected["params"].items():
-        assert got["params"][key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
+    # Tolerances by the size of what is summed, not of the sum: a parameter's sum (which cancels) to 1e-5 of its L2
+    # norm, its sum of squares to 1e-5 of itself; a loss (a mean of float32 terms of about one) to 1e-6 at least.
+    # Another CPU's kernels (an AVX2 one's, not the recording machine's) moved a sum of -0.0229 by 3e-7 and a policy
+    # loss of 3.4e-5 by 6.5e-9; a changed algorithm moves each weight by about a step (1e-4 or more).
+    for key, (total, squares) in expected["params"].items():
+        assert got["params"][key][0] == pytest.approx(total, abs=1e-5 * math.sqrt(squares)), key
+        assert got["params"][key][1] == pytest.approx(squares, rel=1e-5, abs=1e-12), key
     assert len(got["losses"]) == len(expected["losses"])
     for got_row, row in zip(got["losses"], expected["losses"]):
         assert got_row.keys() == row.keys()
         for key, value in row.items():
-            assert got_row[key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
+            assert got_row[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
 if __name__ == "__main__":
