@@ -2166,7 +2166,9 @@ def print_run_end(summary: dict) -> None:
     success = next((h["charts/success_rate"] for h in reversed(history) if "charts/success_rate" in h), None)
     ended = f"stopped by {signal.Signals(summary['stopped_by']).name}" if summary["stopped_by"] else "finished"
     lines = [f"\n{ended} at iteration {summary['iteration']} ({summary['global_step']:,} steps): {summary['run_dir']}",
-             f"training episodes: mean return of the last 100 {summary['mean_recent_return']:.2f}"
+             "training episodes: " + ("none ended (the run was shorter than an episode)"
+                                      if math.isnan(summary["mean_recent_return"]) else
+                                      f"mean return of the last 100 {summary['mean_recent_return']:.2f}")
              + (f", success rate of the last iteration {success:.1%}" if success is not None else ""),
              "watch:    tensorboard --logdir runs",
              f"evaluate: python {script} --eval-checkpoint {summary['checkpoint']} --eval-episodes 100"]

@@ -353,7 +353,7 @@ def test_a_run_ends_saying_where_it_is_and_how_to_watch_evaluate_and_resume_it(s
     (run_dir,) = glob.glob("runs/*")
     checkpoint = os.path.join(run_dir, "checkpoint.pt")
     assert os.path.isfile(checkpoint)
-    assert run_dir in out and "tensorboard --logdir runs" in out and "mean return of the last 100" in out
+    assert run_dir in out and "tensorboard --logdir runs" in out and "training episodes: " in out
     assert f"python {script.name}.py --eval-checkpoint {checkpoint} --eval-episodes 100" in out
     assert (f"python {script.name}.py --resume {run_dir}" in out) == stopped  # a finished run has nothing to resume
     assert ("stopped by SIGTERM at iteration 2" if stopped else "finished at iteration 4") in out
@@ -370,6 +370,17 @@ def scalar_steps(run_dir: str) -> dict[str, list[int]]:
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     events.Reload()
     return {tag: [event.step for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+
+def test_a_run_shorter_than_an_episode_says_none_ended_rather_than_nan(script, in_tmp, monkeypatch, capsys):
+    """Bug: a short run (a smoke test, a first try) ending on "mean return of the last 100 nan"."""
+    args = script.args(env_kwargs={"max_episode_steps": 200})
+    args.total_timesteps = args.num_envs * args.num_steps  # one iteration, fewer steps than an episode
+    monkeypatch.setattr(script.module, "parse_args", lambda argv=None: args)
+    script.module.cli([])
+    out = capsys.readouterr().out
+    assert "training episodes: none ended (the run was shorter than an episode)" in out and "nan" not in out
 
 
 def test_each_ended_episode_is_one_tensorboard_point_with_its_return_and_length(script, in_tmp, monkeypatch):
