@@ -42,10 +42,9 @@ RNNS = [(("rnn_type", "gru"), ("shared_trunk", False)), (("rnn_type", "lstm"), (
 MODES = [(("context_len", 8), ("num_tokens", 1)), (("context_len", 1), ("num_tokens", 4))]
 MEMORY = (("memory_tokens", 2), ("context_len", 2), ("num_minibatches", 3))  # 3 envs: 3 whole-rollout sequences
 # Flat advantages for --robust-adv-norm: observations all zero, so the value is the same at every step (the MLP and
-# the RNN start with zero biases; the transformer's value from its MLP critic on the observation alone: from its
-# features, nonzero where the observation is zero, the value of identical rows differed by one rounding step, on an
-# AVX2 CPU as much as the rewards, and the baseline run differed from itself), rewards of about 1e-8, no discount and
-# no reward scaling.
+# the RNN start with zero biases; the transformer reads its value from its MLP critic, on the observation alone: from
+# its features, which are not zero, identical rows' values differed by a rounding step, on an AVX2 CPU as much as the
+# rewards, and the baseline run differed from itself), rewards of about 1e-8, no discount and no reward scaling.
 FLAT_CONTEXT = (("gamma", 1.0), ("norm_reward", False), ("context_len", 1), ("critic", "mlp"))
 
 MOVES: dict[str, list[Move]] = {

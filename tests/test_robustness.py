@@ -372,7 +372,6 @@ def scalar_steps(run_dir: str) -> dict[str, list[int]]:
     return {tag: [event.step for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-
 def test_a_run_shorter_than_an_episode_says_none_ended_rather_than_nan(script, in_tmp, monkeypatch, capsys):
     """Bug: a short run (a smoke test, a first try) ending on "mean return of the last 100 nan"."""
     args = script.args(env_kwargs={"max_episode_steps": 200})
@@ -635,7 +634,6 @@ def test_an_env_exception_stops_with_one_line_and_keeps_the_last_completed_itera
     monkeypatch.setattr(FailingEnv, "fail_at", 10**9)  # the env fixed: the run resumes from iteration 3
     resumed = script.module.train(script.module.Args(resume=os.path.join(run_dir, "checkpoint.pt"), progress_bar=False))
     assert [h["iteration"] for h in resumed["history"]] == [3, 4]
-
 
 
 def test_an_update_that_diverges_stops_the_run_with_one_line_and_saves_nothing_of_it(script, in_tmp, monkeypatch,
