@@ -41,6 +41,22 @@ def run_cli(script: str, *flags: str, cwd, timeout: int = SLOW_MACHINE_S) -> sub
                           capture_output=True, text=True, timeout=timeout)
 
 
+def as_flags(settings: dict) -> list[str]:
+    """Args fields as command-line flags."""
+    flags = []
+    for name, value in settings.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (tuple, list)):
+            flags += [flag, *map(str, value)]
+        elif isinstance(value, dict):
+            flags += [flag, *(str(x) for item in value.items() for x in item)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
 def wait_until(condition, stage: str, timeout: float = SLOW_MACHINE_S, process=None, interval: float = 0.2):
     """Polls `condition()` until it returns something truthy (returned); fails naming `stage` and how long it waited
     if `timeout` seconds pass first, or if `process` (a Popen) exits first (with the end of its output)."""

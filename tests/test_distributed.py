@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-from conftest import SCRIPTS, SLOW_MACHINE_S, communicate, script_named, wait_until
+from conftest import SCRIPTS, SLOW_MACHINE_S, as_flags, communicate, script_named, wait_until
 
 WORLD = 2
 
@@ -283,6 +283,11 @@ def _cli_with_a_broken_process(rank, name, flags, failure):
             return step_envs(vec, action, env_id, global_step, iteration)
 
         module.step_envs = broken_step
+    return _cli(module, flags)
+
+
+def _cli(module, flags) -> tuple[int, str, float]:
+    """module.cli(flags): its exit status, what it wrote to stderr, and how long it took."""
     stderr, started = io.StringIO(), time.monotonic()
     with contextlib.redirect_stderr(stderr):
         try:
@@ -307,6 +312,30 @@ def test_a_process_that_dies_or_hangs_stops_the_other_with_one_line_within_the_t
     assert code == 1
     assert "Traceback" not in stderr and "lost the others" in stderr and "--dist-timeout-s 5" in stderr
     assert elapsed < SLOW_MACHINE_S
+
+
+def _cli_diverging_from_iteration_3(rank, name, flags):
+    """The script's cli with a learning rate of 1e30 from iteration 3 (NaN weights within its update)."""
+    module = script_named(name).module
+    real_fraction = module.lr_fraction
+    module.lr_fraction = lambda args, iteration: real_fraction(args, iteration) * (1.0 if iteration < 3 else 1e30)
+    return _cli(module, flags)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_an_update_that_diverges_stops_every_process_after_the_same_iteration_with_one_line(name, tmp_path):
+    """Bug: under torchrun, a divergence noticed by one process only (a check of what is not shared, or made on
+    process 0 alone): the others train on with NaN weights, or wait in the next collective and end with 'lost the
+    others' after --dist-timeout-s. Every process must stop after iteration 3's update with the one line, process 0's
+    last checkpoint left at iteration 2."""
+    flags = tiny_flags(name, lr_schedule="linear", eval_interval=0, dist_timeout_s=60)
+    answers = run_processes(_cli_diverging_from_iteration_3, name, as_flags(flags), cwd=tmp_path)
+    for rank, (code, stderr, _) in answers.items():
+        assert code == 1, (rank, stderr)
+        assert stderr.strip().startswith("error: training diverged: iteration 3's update"), (rank, stderr)
+        assert "\n" not in stderr.strip(), (rank, stderr)
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    assert torch.load(checkpoint, weights_only=True)["iteration"] == 2
 
 
 def _train_with_process_0_slow_to_write_checkpoints(rank, name, flags):

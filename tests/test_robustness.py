@@ -20,8 +20,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import envs
 from conftest import (
-    REPO, SCRIPTS, ScriptedEnv, communicate, episode_schedule, metrics_without_timing, run_cli, script_named,
-    wait_until,
+    REPO, SCRIPTS, ScriptedEnv, as_flags, communicate, episode_schedule, metrics_without_timing, run_cli,
+    script_named, wait_until,
 )
 
 
@@ -581,22 +581,6 @@ def test_two_identical_runs_started_in_the_same_second_get_two_directories(scrip
 
 
 # ---------------------------------------------------------------- a failing env
-def as_flags(settings: dict) -> list[str]:
-    """Args fields as command-line flags."""
-    flags = []
-    for name, value in settings.items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, (tuple, list)):
-            flags += [flag, *map(str, value)]
-        elif isinstance(value, dict):
-            flags += [flag, *(str(x) for item in value.items() for x in item)]
-        else:
-            flags += [flag, str(value)]
-    return flags
-
-
 class FailingEnv(ScriptedEnv):
     """Raises from `step` at global step `fail_at`, as a simulator or user-env bug would."""
 
