@@ -143,14 +143,19 @@ step_cudagraphs() {  # item 6: --compile with CUDA graphs (--compile-mode reduce
 }
 
 step_split() {  # item 6: the device split: FrankaReach-v0 trained with the policy and the simulator on each device
-    # (both on the GPU, the policy on the CPU, the simulator on the CPU), evaluated at the end (same within noise)
-    local n=$([ $SCALE = 1 ] && echo 8 || echo 512) iterations=$([ $SCALE = 1 ] && echo 2 || echo 40)
-    for split in "cuda cuda" "cpu cuda" "cuda cpu"; do
-        set -- $split
-        [ $SCALE = 1 ] && set -- cpu cpu
-        run 300 $PY ppo_continuous.py --env-id FrankaReach-v0 --policy-device $1 --sim-device $2 --num-envs $n \
-            --total-timesteps $((n * 24 * iterations)) --eval-interval $iterations --eval-episodes $EPISODES \
-            --exp-name gpu_split_$1_$2 $QUIET
+    # (both on the GPU, the policy on the CPU, the simulator on the CPU), evaluated at the end (same within noise).
+    # At 40 iterations (seventh GPU session) the reach curve is steep and seeds spread 0-86%: SPLIT_ITERATIONS=150
+    # ends past 95% (1.8M steps), SPLIT_SEEDS="1 2 3" gives each placement its spread
+    local n=$([ $SCALE = 1 ] && echo 8 || echo 512) iterations=$([ $SCALE = 1 ] && echo 2 || echo ${SPLIT_ITERATIONS:-40})
+    local seed
+    for seed in ${SPLIT_SEEDS:-1}; do
+        for split in "cuda cuda" "cpu cuda" "cuda cpu"; do
+            set -- $split
+            [ $SCALE = 1 ] && set -- cpu cpu
+            run 300 $PY ppo_continuous.py --env-id FrankaReach-v0 --policy-device $1 --sim-device $2 --num-envs $n \
+                --total-timesteps $((n * 24 * iterations)) --eval-interval $iterations --eval-episodes $EPISODES \
+                --seed $seed --exp-name gpu_split_$1_$2 $QUIET
+        done
     done
 }
 
