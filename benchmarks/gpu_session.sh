@@ -91,14 +91,14 @@ step_memory() {  # item 2: the recurrent and transformer scripts on CUDA, their 
 step_gru_graphs() {  # items 2 and 6: the GRU's update under CUDA graphs (sixth GPU session: a new graph recorded for
     # each shape of its segmented sequences, which depend on where episodes start) against eager and against graphs
     # kept to its static-shape calls (inductor's cudagraph_skip_dynamic_graphs); the same 10 iterations each, one
-    # sitting (update_s in the events)
-    local n=$([ $SCALE = 1 ] && echo 2 || echo 10) flags prelude
+    # sitting (update_s in the events); the graphed runs print torch's perf hints (a graph skipped, and why)
+    local n=$([ $SCALE = 1 ] && echo 2 || echo 10) flags prelude logs
     for mode in eager graphs graphs_static; do
-        flags="--compile --compile-mode reduce-overhead" prelude="pass"
-        [ $mode = eager ] && flags=""
+        flags="--compile --compile-mode reduce-overhead" prelude="pass" logs="perf_hints"
+        [ $mode = eager ] && flags="" logs=""
         [ $mode = graphs_static ] && prelude="import torch._inductor.config as c
 c.triton.cudagraph_skip_dynamic_graphs = True"
-        run 200 $PY -c "import sys
+        TORCH_LOGS=$logs run 200 $PY -c "import sys
 $prelude
 import ppo_recurrent
 sys.argv[0] = 'ppo_recurrent.py'
