@@ -112,6 +112,7 @@ def _train_and_read_state(rank, name, flags):
         "summary": {k: v for k, v in summary.items() if k != "history"},
         "episodes": sum(1 for h in summary["history"] if "charts/episodic_return" in h),
         "evaluations": [(h["iteration"], h["eval/return"]) for h in summary["history"] if "eval/return" in h],
+        "epochs_done": [h["charts/update_epochs_done"] for h in summary["history"] if "charts/update_epochs_done" in h],
     }
 
 
@@ -168,6 +169,20 @@ def test_processes_that_skip_the_gradient_kl_or_normaliser_averaging_drift_apart
     steps_per_env = flags["total_timesteps"] // (WORLD * flags["num_envs"])
     ended_per_env = steps_per_env // 20  # 20-step episodes, from the first reset (no staggered starts here)
     assert len(events.Scalars("charts/episodic_return")) >= WORLD * flags["num_envs"] * ended_per_env - 2 * WORLD
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_processes_stop_their_epochs_after_the_same_minibatch_under_a_per_minibatch_target_kl(name, tmp_path):
+    """Bug: --target-kl's stop decided on each process's own minibatch KL: one process stops while another steps
+    on into an all-reduce the first never joins (a hang until --dist-timeout-s, or collectives paired wrongly), and
+    the networks drift apart. A target inside the spread of the minibatches' KL makes the stop act mid-update."""
+    flags = tiny_flags(name, lr_schedule="constant", target_kl=5e-5, target_kl_per_minibatch=True, eval_interval=0,
+                       dist_timeout_s=60)
+    states = run_processes(_train_and_read_state, name, flags, cwd=tmp_path)
+    assert_same_state(states[0], states[1])
+    epochs_done = states[0]["epochs_done"]
+    assert epochs_done == states[1]["epochs_done"] and len(epochs_done) == 4
+    assert min(epochs_done) < flags["update_epochs"], epochs_done  # the stop acted
 
 
 def _gradient_of_my_half(rank, name, data):
