@@ -1,8 +1,9 @@
 """Data-parallel training under torchrun, on two gloo processes on the CPU (what CI has): every process keeps the
 same network, optimiser and normalisers; two processes with half the data step as one process with all of it;
 process 0 alone writes the run and evaluates; a two-process run resumes exactly; a process that dies or hangs stops
-the other with one clear line; a KL stop or a divergence stops every process at the same point. Each test starts real processes (multiprocessing's spawn, with torchrun's environment
-variables), which call the scripts' own `train`, `cli` and helpers."""
+the other with one clear line; a KL stop or a divergence stops every process at the same point. Each test starts
+real processes (multiprocessing's spawn, with torchrun's environment variables), which call the scripts' own
+`train`, `cli` and helpers."""
 
 from __future__ import annotations
 
