@@ -45,6 +45,11 @@ PRESETS = {
         ("ppo_continuous.py", "Hopper-v5", (1, 2, 3), 1_000_000, ["--compile"]),
         ("ppo_continuous.py", "FrankaReach-v0", (1, 2, 3), 12_000_000, []),
     ],
+    # The rest of CleanRL's MuJoCo references (docs/design.md §8) at their 1M steps, the tasks one after another so
+    # that a stopped session leaves whole tasks (runs resume); reported on their own (--out-dir), not over the full
+    # preset's report.
+    "mujoco": [("ppo_continuous.py", env_id, (1, 2, 3), 1_000_000, ["--compile"])
+               for env_id in ("Walker2d-v5", "InvertedPendulum-v5", "Humanoid-v5")],
     # Partial observability: the memoryless MLP against the recurrent and transformer scripts.
     "memory": [
         ("ppo_continuous.py", "PendulumNoVel-v1", (1, 2, 3), 300_000, []),
@@ -98,7 +103,7 @@ PRESETS = {
 
 @dataclass
 class Args:
-    preset: Literal["quick", "full", "memory", "ablation", "bipedal", "go2", "go2_memory", "go2_novelall",
+    preset: Literal["quick", "full", "mujoco", "memory", "ablation", "bipedal", "go2", "go2_memory", "go2_novelall",
                     "arm_memory", "privileged", "push_memory", "push_privileged", "arm_memory_transformer"] = "quick"
     """which runs: quick (minutes), full (the MLP's published budgets), or a study (its comment in PRESETS)"""
     jobs: int = os.cpu_count() or 1
