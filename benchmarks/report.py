@@ -219,7 +219,9 @@ def plot_group(key, runs: list[Run], out_dir: str, last: int) -> str | None:
         end = max(run.episodes[-1, column] for run in runs)
         grid = np.linspace(0, end, 100)
         curves = np.array([trailing_curve(run, grid, column, last) for run in runs])
-        mean, std = np.nanmean(curves, axis=0), np.nanstd(curves, axis=0)
+        seen = ~np.isnan(curves).all(axis=0)  # points before every run's first episode stay blank (no empty means)
+        mean, std = np.full(len(grid), np.nan), np.full(len(grid), np.nan)
+        mean[seen], std[seen] = np.nanmean(curves[:, seen], axis=0), np.nanstd(curves[:, seen], axis=0)
         ax.plot(grid / scale, mean, label=f"{script} ({len(runs)} seeds)")
         ax.fill_between(grid / scale, mean - std, mean + std, alpha=0.25)
         if column == 0:
