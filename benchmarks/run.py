@@ -45,7 +45,7 @@ PRESETS = {
         ("ppo_continuous.py", "Hopper-v5", (1, 2, 3), 1_000_000, ["--compile"]),
         ("ppo_continuous.py", "FrankaReach-v0", (1, 2, 3), 12_000_000, []),
     ],
-    # The rest of CleanRL's MuJoCo references (docs/design.md §8) at their 1M steps, the tasks one after another so
+    # The rest of CleanRL's MuJoCo references (docs/design.md §8) at their 1M steps, queued task by task so
     # that a stopped session leaves whole tasks (runs resume); reported on their own (--out-dir), not over the full
     # preset's report.
     "mujoco": [("ppo_continuous.py", env_id, (1, 2, 3), 1_000_000, ["--compile"])
