@@ -146,8 +146,8 @@ step_split() {  # item 6: the device split: FrankaReach-v0 trained with the poli
     # (both on the GPU, the policy on the CPU, the simulator on the CPU), evaluated at the end (same within noise).
     # At 40 iterations (seventh GPU session) the reach curve is steep and seeds spread 0-86%: SPLIT_ITERATIONS=150
     # ends past 95% (1.8M steps), SPLIT_SEEDS="1 2 3" gives each placement its spread
-    local n=$([ $SCALE = 1 ] && echo 8 || echo 512) iterations=$([ $SCALE = 1 ] && echo 2 || echo ${SPLIT_ITERATIONS:-40})
-    local seed
+    local n=$([ $SCALE = 1 ] && echo 8 || echo 512) seed
+    local iterations=$([ $SCALE = 1 ] && echo 2 || echo ${SPLIT_ITERATIONS:-40})
     for seed in ${SPLIT_SEEDS:-1}; do
         for split in "cuda cuda" "cpu cuda" "cuda cpu"; do
             set -- $split
