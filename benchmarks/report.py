@@ -227,7 +227,10 @@ def plot_group(key, runs: list[Run], out_dir: str, last: int) -> str | None:
         if column == 0:
             for source, steps, value, _ in REFERENCES.get(env_id, []):
                 ax.axhline(value, linestyle="--", linewidth=1, color="grey")
-                ax.text(0, value, f" {source} at {steps / 1e6:g}M", fontsize=7, va="bottom", color="grey")
+                # at the axes' left edge, wherever the data's x range starts (x=0 in data stood outside the axes
+                # of a short run and squeezed the figure's layout)
+                ax.text(0, value, f" {source} at {steps / 1e6:g}M", fontsize=7, va="bottom", color="grey",
+                        transform=ax.get_yaxis_transform())
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"return (trailing mean of {last} training episodes)")

@@ -85,8 +85,10 @@ def test_report_has_the_table_beside_references_and_the_plots(tmp_path):
     assert (out_dir / "README.md").read_text() == text
 
 
+@pytest.mark.filterwarnings("error::UserWarning")
 def test_runner_runs_each_seed_once_in_parallel_and_skips_finished_runs(tmp_path, monkeypatch, capsys):
-    """Bug: a rerun of the runner trains finished runs again (hours lost) or drops a seed."""
+    """Bugs: a rerun of the runner trains finished runs again (hours lost) or drops a seed; the report's reference
+    labels placed at step 0 in data, outside a short run's axes, squeezing the figure (matplotlib's warning)."""
     from benchmarks import run
 
     tiny = ["--num-envs", "1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1"]
