@@ -95,6 +95,11 @@ PRESETS = {
     "push_privileged": [("ppo_continuous.py", "FrankaPushCubeRandom-v0", (seed,), 2_000_000, flags, suffix)
                         for seed in range(1, 6)
                         for flags, suffix in (([], ""), (["--privileged-critic"], "privileged"))],
+    # Issue 43's FrankaReachCue-v0 pairs over three seeds: the GRU and the memoryless MLP, each preset with and without
+    # the critic that reads the target (--privileged-critic); seed by seed, all four runs of a seed together.
+    "arm_privileged": [(script, "FrankaReachCue-v0", (seed,), 3_000_000, flags, suffix) for seed in (1, 2, 3)
+                       for script in ("ppo_recurrent.py", "ppo_continuous.py")
+                       for flags, suffix in (([], ""), (["--privileged-critic"], "privileged"))],
     # The transformer's stability flags, one changed at a time from the defaults.
     "ablation": [("ppo_transformer.py", "MemoryCue-v0", (1, 2, 3), 16_384, LONG_CUE + flags,
                   f"ablation_{name}".rstrip("_")) for name, flags in ABLATION.items()],
@@ -104,8 +109,11 @@ PRESETS = {
 @dataclass
 class Args:
     preset: Literal["quick", "full", "mujoco", "memory", "ablation", "bipedal", "go2", "go2_memory", "go2_novelall",
-                    "arm_memory", "privileged", "push_memory", "push_privileged", "arm_memory_transformer"] = "quick"
+                    "arm_memory", "privileged", "push_memory", "push_privileged", "arm_memory_transformer",
+                    "arm_privileged"] = "quick"
     """which runs: quick (minutes), full (the MLP's published budgets), or a study (its comment in PRESETS)"""
+    seeds: tuple[int, ...] = ()
+    """only these of the preset's seeds (default: all of them)"""
     jobs: int = os.cpu_count() or 1
     """runs at once (no more than there are cores)"""
     exp_name: str | None = None
@@ -151,7 +159,7 @@ def commands(args: Args) -> list[list[str]]:
     for script, env_id, seeds, steps, extra, *suffix in PRESETS[args.preset]:
         exp_name = experiment_of(args, script, *suffix)
         script = os.path.join(REPO, script)
-        for seed in seeds:
+        for seed in (s for s in seeds if not args.seeds or s in args.seeds):
             run_dir, finished = find_run(args.root, env_id, exp_name, seed)
             if finished:
                 print(f"done already: {run_dir}")
@@ -170,6 +178,10 @@ def commands(args: Args) -> list[list[str]]:
 def main(args: Args) -> None:
     if args.jobs < 1:
         raise SystemExit("error: --jobs must be at least 1")
+    preset_seeds = sorted({seed for _, _, seeds, *_ in PRESETS[args.preset] for seed in seeds})
+    if unknown := sorted(set(args.seeds) - set(preset_seeds)):
+        raise SystemExit(f"error: --seeds {' '.join(map(str, unknown))}: the {args.preset} preset runs seeds "
+                         f"{' '.join(map(str, preset_seeds))}; pick among those")
     todo = commands(args)
     threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)

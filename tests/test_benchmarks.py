@@ -106,6 +106,19 @@ def test_runner_runs_each_seed_once_in_parallel_and_skips_finished_runs(tmp_path
     assert len(list((tmp_path / "runs").glob("Pendulum-v1__bench_quick__*"))) == 2
 
 
+def test_runner_seeds_flag_runs_only_those_seeds_and_refuses_one_the_preset_lacks(tmp_path, capsys):
+    """Bugs: --seeds ignored (every seed of a study queued again, hours of runs) or a seed outside the preset run
+    under a name no report or table expects."""
+    from benchmarks import run
+
+    args = run.Args(preset="arm_privileged", seeds=(2, 3), root=str(tmp_path), dry_run=True)
+    seeds = [command[command.index("--seed") + 1] for command in run.commands(args)]
+    assert seeds == ["2"] * 4 + ["3"] * 4
+    assert len(run.commands(run.Args(preset="arm_privileged", root=str(tmp_path)))) == 12
+    with pytest.raises(SystemExit, match=r"--seeds 4: the arm_privileged preset runs seeds 1 2 3"):
+        run.main(run.Args(preset="arm_privileged", seeds=(3, 4), root=str(tmp_path), dry_run=True))
+
+
 def test_report_says_when_a_run_stopped_short_of_its_budget(tmp_path):
     """Bug: a half-finished run reported as if it had used the whole budget."""
     fake_run(str(tmp_path / "runs"), "Hopper-v5", 1, [1000.0] * 120)
