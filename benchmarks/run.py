@@ -81,6 +81,12 @@ PRESETS = {
     # seed by seed.
     "arm_memory_transformer": [("ppo_transformer.py", "FrankaReachCue-v0", (seed,), 3_000_000, [], "memory")
                                for seed in (1, 2, 3)],
+    # Issue 43's suspects for memory mode's gap to the GRU there, one changed at a time from the preset: GTrXL's gate
+    # on each residual (the GRU's own way of keeping and overwriting its state), and twice as wide tokens (the memory
+    # and the whole transformer: 64 instead of 32).
+    "arm_memory_variants": [("ppo_transformer.py", "FrankaReachCue-v0", (seed,), 3_000_000, flags, suffix)
+                            for seed in (1, 2, 3)
+                            for flags, suffix in ((["--gated"], "memory_gated"), (["--token-dim", "64"], "memory_wide"))],
     # Issue 15: memory on the cube, the three scripts' presets on FrankaPushCubeRandom-v0 (unobserved cube mass and
     # friction) at one budget; seed by seed, so that a stopped session leaves whole seeds (runs resume).
     "push_memory": [(script, "FrankaPushCubeRandom-v0", (seed,), 2_000_000, []) for seed in (1, 2, 3)
@@ -110,7 +116,7 @@ PRESETS = {
 class Args:
     preset: Literal["quick", "full", "mujoco", "memory", "ablation", "bipedal", "go2", "go2_memory", "go2_novelall",
                     "arm_memory", "privileged", "push_memory", "push_privileged", "arm_memory_transformer",
-                    "arm_privileged"] = "quick"
+                    "arm_privileged", "arm_memory_variants"] = "quick"
     """which runs: quick (minutes), full (the MLP's published budgets), or a study (its comment in PRESETS)"""
     seeds: tuple[int, ...] = ()
     """only these of the preset's seeds (default: all of them)"""

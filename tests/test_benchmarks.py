@@ -119,6 +119,22 @@ def test_runner_seeds_flag_runs_only_those_seeds_and_refuses_one_the_preset_lack
         run.main(run.Args(preset="arm_privileged", seeds=(3, 4), root=str(tmp_path), dry_run=True))
 
 
+@pytest.mark.parametrize("preset", sorted(__import__("benchmarks.run").run.PRESETS))
+def test_each_preset_queues_commands_its_scripts_accept(tmp_path, preset):
+    """Bug: a preset's flag misspelled or its task unregistered, found when its run starts, hours into the queue."""
+    import importlib
+
+    import envs  # noqa: F401 (registers the tasks)
+    from benchmarks import run
+
+    todo = run.commands(run.Args(preset=preset, root=str(tmp_path)))
+    assert todo
+    for command in todo:
+        script = importlib.import_module(os.path.basename(command[1]).removesuffix(".py"))
+        args = script.parse_args(command[2:])
+        assert args.env_id in gym.registry, args.env_id
+
+
 def test_report_says_when_a_run_stopped_short_of_its_budget(tmp_path):
     """Bug: a half-finished run reported as if it had used the whole budget."""
     fake_run(str(tmp_path / "runs"), "Hopper-v5", 1, [1000.0] * 120)
