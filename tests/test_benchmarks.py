@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from benchmarks import report
+from benchmarks import report, run
 
 
 def fake_run(root, env_id, seed, returns, steps_per_episode=1000, total=1_000_000, exp="bench"):
@@ -89,8 +89,6 @@ def test_report_has_the_table_beside_references_and_the_plots(tmp_path):
 def test_runner_runs_each_seed_once_in_parallel_and_skips_finished_runs(tmp_path, monkeypatch, capsys):
     """Bugs: a rerun of the runner trains finished runs again (hours lost) or drops a seed; the report's reference
     labels placed at step 0 in data, outside a short run's axes, squeezing the figure (matplotlib's warning)."""
-    from benchmarks import run
-
     tiny = ["--num-envs", "1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1"]
     monkeypatch.setitem(run.PRESETS, "quick", [("ppo_continuous.py", "Pendulum-v1", (1, 2), 256, tiny)])
     args = run.Args(preset="quick", jobs=2, root=str(tmp_path), out_dir=str(tmp_path / "results"))
@@ -106,11 +104,9 @@ def test_runner_runs_each_seed_once_in_parallel_and_skips_finished_runs(tmp_path
     assert len(list((tmp_path / "runs").glob("Pendulum-v1__bench_quick__*"))) == 2
 
 
-def test_runner_seeds_flag_runs_only_those_seeds_and_refuses_one_the_preset_lacks(tmp_path, capsys):
+def test_runner_seeds_flag_runs_only_those_seeds_and_refuses_one_the_preset_lacks(tmp_path):
     """Bugs: --seeds ignored (every seed of a study queued again, hours of runs) or a seed outside the preset run
     under a name no report or table expects."""
-    from benchmarks import run
-
     args = run.Args(preset="arm_privileged", seeds=(2, 3), root=str(tmp_path), dry_run=True)
     seeds = [command[command.index("--seed") + 1] for command in run.commands(args)]
     assert seeds == ["2"] * 4 + ["3"] * 4
@@ -119,13 +115,12 @@ def test_runner_seeds_flag_runs_only_those_seeds_and_refuses_one_the_preset_lack
         run.main(run.Args(preset="arm_privileged", seeds=(3, 4), root=str(tmp_path), dry_run=True))
 
 
-@pytest.mark.parametrize("preset", sorted(__import__("benchmarks.run").run.PRESETS))
+@pytest.mark.parametrize("preset", sorted(run.PRESETS))
 def test_each_preset_queues_commands_its_scripts_accept(tmp_path, preset):
     """Bug: a preset's flag misspelled or its task unregistered, found when its run starts, hours into the queue."""
     import importlib
 
     import envs  # noqa: F401 (registers the tasks)
-    from benchmarks import run
 
     todo = run.commands(run.Args(preset=preset, root=str(tmp_path)))
     assert todo
