@@ -34,7 +34,7 @@ import tyro  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.report import Script, script_of  # noqa: E402
+from benchmarks.report import Script, script_of, training_clock  # noqa: E402
 
 # What evaluate() reports besides the task's metrics.
 GENERAL = ("episodes", "mean_return", "std_return", "mean_length", "video")
@@ -78,13 +78,13 @@ def default_stem(env_id: str, script: str) -> str:
     return f"{env_id.split('-')[0].lower()}_{script.removeprefix('ppo_')}_eval"
 
 
-def wall_seconds(events: EventAccumulator) -> dict[int, float]:
-    """Seconds from the start of training to the end of each iteration (by its env step), from a run's events;
-    the first event is logged at the end of the first iteration, which is added back."""
-    first_iteration = events.Scalars("time/rollout_s")[0].value + events.Scalars("time/update_s")[0].value
-    sps = events.Scalars("charts/SPS")
-    start = sps[0].wall_time - first_iteration
-    return {s.step: s.wall_time - start for s in sps}
+def wall_seconds(run_dir: str) -> dict[int, float]:
+    """Seconds of training from the start of a run to the end of each iteration (by its env step), from its events;
+    a resumed run's stopped time left out (report.training_clock)."""
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    clock = training_clock(run_dir)
+    return {s.step: clock(s.wall_time) for s in events.Scalars("charts/SPS")}
 
 
 def evaluate_checkpoints(run_dir: str, module, episodes: int, last_only: bool = False) -> list[dict]:
@@ -120,7 +120,7 @@ def main(args: Args) -> str:
     stem = args.stem or default_stem(saved["env_id"], script)
     events = EventAccumulator(args.run_dir, size_guidance={"scalars": 0})
     events.Reload()
-    wall_of_step = wall_seconds(events)
+    wall_of_step = wall_seconds(args.run_dir)
 
     rows = [dict(result, wall=wall_of_step.get(result["step"], float("nan")))
             for result in evaluate_checkpoints(args.run_dir, module, args.episodes)]

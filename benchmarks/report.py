@@ -11,6 +11,7 @@ with a band of ± one std, against steps and against wall time. No training happ
 
 from __future__ import annotations
 
+import bisect
 import glob
 import importlib
 import json
@@ -147,6 +148,47 @@ def evaluate_with_script(script: str, checkpoint_path: str, **kwargs) -> dict:
     return importlib.import_module(script).evaluate(checkpoint_path, **kwargs)
 
 
+def training_clock(run_dir: str):
+    """The seconds a run had trained at each wall-clock time of its events. A resumed run writes a new events file
+    and continues from its checkpoint: the time it was stopped, and the iterations after the checkpoint that it
+    redoes, do not count. Files whose times overlap are one session (one process may write several)."""
+    sessions = []  # [start, end, [(step, wall time), ...]]
+    for path in glob.glob(os.path.join(run_dir, "events.out.tfevents.*")):
+        events = EventAccumulator(path, size_guidance={"scalars": 0})
+        events.Reload()
+        tags = events.Tags()["scalars"]
+        logged = [(e.step, e.wall_time) for tag in tags for e in events.Scalars(tag)]
+        if not logged:
+            continue
+        start = min(wall for _, wall in logged)
+        if "charts/SPS" in tags and "time/rollout_s" in tags:  # written at the end of the first iteration
+            first_iteration = events.Scalars("time/rollout_s")[0].value + events.Scalars("time/update_s")[0].value
+            start = events.Scalars("charts/SPS")[0].wall_time - first_iteration
+        sessions.append([start, max(wall for _, wall in logged), logged])
+    merged = []
+    for session in sorted(sessions):
+        if merged and session[0] < merged[-1][1]:
+            merged[-1] = [merged[-1][0], max(merged[-1][1], session[1]), merged[-1][2] + session[2]]
+        else:
+            merged.append(session)
+    starts, offsets = [], []
+    for i, (start, _, logged) in enumerate(merged):
+        offset = 0.0
+        if i:  # the last session trained up to what it logged before the steps this one logs again
+            before, previous_start = merged[i - 1][2], starts[-1]
+            resumed_at = min(step for step, _ in logged)
+            kept = [wall for step, wall in before if step < resumed_at] or [previous_start]
+            offset = offsets[-1] + max(kept) - previous_start
+        starts.append(start)
+        offsets.append(offset)
+
+    def seconds(wall_time: float) -> float:
+        i = max(0, bisect.bisect_right(starts, wall_time) - 1)
+        return offsets[i] + wall_time - starts[i] if starts else 0.0
+
+    return seconds
+
+
 def read_run(path: str) -> Run:
     """One run directory: its args.json and its event files (TensorBoard's own reader)."""
     with open(os.path.join(path, "args.json")) as f:
@@ -160,13 +202,10 @@ def read_run(path: str) -> Run:
 
     episodes, success = series("charts/episodic_return"), series("charts/success_rate")
     last_step = max((step for step, _, _ in series("charts/SPS")), default=0)
-    start = min((w for _, w, _ in episodes + success), default=0.0)
-    if "time/rollout_s" in tags:  # the first scalars are written at the end of the first iteration
-        first = events.Scalars("time/rollout_s")[0]
-        start = first.wall_time - first.value - events.Scalars("time/update_s")[0].value
+    clock = training_clock(path)
 
     def array(rows):
-        return np.array([(s, w - start, v) for s, w, v in rows], dtype=np.float64).reshape(-1, 3)
+        return np.array([(s, clock(w), v) for s, w, v in rows], dtype=np.float64).reshape(-1, 3)
 
     script = script_of(args)
     total = int(args["total_timesteps"])

@@ -189,14 +189,10 @@ def evaluate_rsl_rl(run_dir: str, seed: int, episodes: int) -> list[dict]:
 
 
 def evaluate_ours(run_dir: str, episodes: int) -> list[dict]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     from benchmarks.eval_curve import evaluate_checkpoints, wall_seconds
     from benchmarks.report import Script
 
-    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    events.Reload()
-    wall = wall_seconds(events)
+    wall = wall_seconds(run_dir)
     rows = evaluate_checkpoints(run_dir, Script("ppo_continuous"), episodes)
     return [dict(row, wall=wall[row["step"]]) for row in rows]
 

@@ -177,6 +177,32 @@ def test_eval_compare_reduces_each_experiments_last_checkpoints_over_seeds_and_c
     assert len(evaluated) == 10  # all from the runs' caches
 
 
+def test_a_resumed_runs_wall_time_leaves_out_the_time_it_was_stopped_and_the_iterations_it_redid(tmp_path):
+    """Bugs: the time between a run's stop and its resume counted as training (eval_compare's wall time, eval_curve's,
+    the report's time axis), or the iterations logged after the checkpoint, which the resumed run redoes."""
+    from benchmarks import eval_compare
+    from benchmarks.eval_curve import wall_seconds
+
+    path = fake_run(str(tmp_path), "Cue-v0", 1, returns=[])
+    first = SummaryWriter(path)  # iterations of 1,000 steps; 2 s the first one, then 60 s and 30 s
+    for name, value in (("charts/SPS", 500.0), ("time/rollout_s", 1.0), ("time/update_s", 1.0)):
+        first.add_scalar(name, value, 1000, walltime=1000.0)
+    first.add_scalar("charts/SPS", 100.0, 2000, walltime=1060.0)
+    first.add_scalar("charts/episodic_return", 5.0, 2000, walltime=1060.0)  # the checkpoint is at 2,000 steps
+    first.add_scalar("charts/SPS", 100.0, 3000, walltime=1090.0)  # stopped before the next checkpoint
+    first.close()
+    resumed = SummaryWriter(path, purge_step=2001)  # an hour later, as the scripts' --resume opens its logs
+    for name, value in (("charts/SPS", 500.0), ("time/rollout_s", 1.0), ("time/update_s", 1.0)):
+        resumed.add_scalar(name, value, 3000, walltime=4602.0)
+    resumed.add_scalar("charts/SPS", 100.0, 4000, walltime=4632.0)
+    resumed.add_scalar("charts/episodic_return", 7.0, 4000, walltime=4632.0)
+    resumed.close()
+
+    assert wall_seconds(path) == pytest.approx({1000: 2.0, 2000: 62.0, 3000: 64.0, 4000: 94.0})
+    assert eval_compare.wall_minutes(path) == pytest.approx(94.0 / 60)
+    np.testing.assert_allclose(report.read_run(path).episodes, [[2000, 62.0, 5.0], [4000, 94.0, 7.0]])
+
+
 def test_eval_compare_reports_the_quadrupeds_tracking_errors_and_falls_not_only_its_return(tmp_path, monkeypatch):
     """Bugs: a task without a success rate compared by its return alone (the tracking error, the issue's bar, missing
     from the table), or an error in m/s printed as a percentage or rounded to 0.1 (0.046 and 0.051 read as one)."""
