@@ -184,19 +184,25 @@ def test_a_resumed_runs_wall_time_leaves_out_the_time_it_was_stopped_and_the_ite
     from benchmarks.eval_curve import wall_seconds
 
     path = fake_run(str(tmp_path), "Cue-v0", 1, returns=[])
+    files = set(os.listdir(path))
     first = SummaryWriter(path)  # iterations of 1,000 steps; 2 s the first one, then 60 s and 30 s
+    (first_file,) = set(os.listdir(path)) - files
     for name, value in (("charts/SPS", 500.0), ("time/rollout_s", 1.0), ("time/update_s", 1.0)):
         first.add_scalar(name, value, 1000, walltime=1000.0)
     first.add_scalar("charts/SPS", 100.0, 2000, walltime=1060.0)
     first.add_scalar("charts/episodic_return", 5.0, 2000, walltime=1060.0)  # the checkpoint is at 2,000 steps
     first.add_scalar("charts/SPS", 100.0, 3000, walltime=1090.0)  # stopped before the next checkpoint
     first.close()
+    files = set(os.listdir(path))
     resumed = SummaryWriter(path, purge_step=2001)  # an hour later, as the scripts' --resume opens its logs
+    (resumed_file,) = set(os.listdir(path)) - files
     for name, value in (("charts/SPS", 500.0), ("time/rollout_s", 1.0), ("time/update_s", 1.0)):
         resumed.add_scalar(name, value, 3000, walltime=4602.0)
     resumed.add_scalar("charts/SPS", 100.0, 4000, walltime=4632.0)
     resumed.add_scalar("charts/episodic_return", 7.0, 4000, walltime=4632.0)
     resumed.close()
+    for name, started in ((first_file, 1000), (resumed_file, 4600)):  # named by their start as a real resume's are
+        os.rename(os.path.join(path, name), os.path.join(path, f"events.out.tfevents.{started:010d}.host.1.0"))
 
     assert wall_seconds(path) == pytest.approx({1000: 2.0, 2000: 62.0, 3000: 64.0, 4000: 94.0})
     assert eval_compare.wall_minutes(path) == pytest.approx(94.0 / 60)
