@@ -1,7 +1,7 @@
 """Reads benchmark runs' TensorBoard events, reduces them the standard way and writes the report.
 
-    python benchmarks/report.py                       # runs/*__bench__* -> benchmarks/results/README.md + PNGs
-    python benchmarks/report.py --exp-names bench default
+    python benchmarks/report.py                       # runs/*__bench__* -> runs/reports/latest/README.md + PNGs
+    python benchmarks/report.py --exp-names bench default --out-dir benchmarks/results   # the curated folder, named
 
 Per run: the mean of its last 100 training episodes (`charts/episodic_return`, one point per episode).
 Per (script, task, budget): mean ± std (population std, as CleanRL reports) over seeds, beside the published
@@ -77,8 +77,8 @@ class Args:
     """where the runs are"""
     exp_names: tuple[str, ...] = ("bench",)
     """reduce the runs whose experiment name is one of these"""
-    out_dir: str = "benchmarks/results"
-    """where README.md and the PNGs go"""
+    out_dir: str = "runs/reports/latest"
+    """where README.md and the PNGs go (benchmarks/results, the curated report, only when named)"""
     last: int = 100
     """episodes averaged at the end of each run"""
 

@@ -2,12 +2,13 @@
 
     python benchmarks/run.py --preset quick      # a few minutes on 2 cores
     python benchmarks/run.py --preset full       # the published budgets (hours on 2 cores)
-    python benchmarks/report.py --exp-name bench # regenerate the report from existing runs, no training
+    python benchmarks/report.py --exp-names bench --out-dir runs/reports/full   # the report again, no training
 
 At most --jobs runs at once, each with OMP_NUM_THREADS = cores/jobs (a script's --torch-threads preset may use fewer),
-each writing its normal run directory (runs/{env}__{exp_name}__{seed}__{time}). Resumable: a finished run is not run
-again; an unfinished one continues from its latest checkpoint. With --wandb-group the runs are tracked in W&B under
-that group.
+each writing its normal run directory (runs/{env}__{exp_name}__{seed}__{time}). The report goes beside the runs, to
+runs/reports/{preset}, unless --out-dir names another folder (benchmarks/results is curated by hand around what the
+report tool writes; a runner never overwrites it unasked). Resumable: a finished run is not run again; an unfinished
+one continues from its latest checkpoint. With --wandb-group the runs are tracked in W&B under that group.
 """
 
 from __future__ import annotations
@@ -128,8 +129,8 @@ class Args:
     """track the runs in W&B under this group"""
     root: str = REPO
     """working directory of the runs (they write root/runs/...)"""
-    out_dir: str = os.path.join(REPO, "benchmarks", "results")
-    """where the report goes"""
+    out_dir: str | None = None
+    """where the report goes (default: root/runs/reports/PRESET, beside the runs: benchmarks/results is curated)"""
     dry_run: bool = False
     """print the commands without running them"""
 
@@ -216,7 +217,8 @@ def main(args: Args) -> None:
     if not args.dry_run:
         names = tuple(sorted({experiment_of(args, script, *suffix)
                               for script, _, _, _, _, *suffix in PRESETS[args.preset]}))
-        report.write_report(report.Args(runs_dir=runs_dir, exp_names=names, out_dir=args.out_dir))
+        out_dir = args.out_dir or os.path.join(runs_dir, "reports", args.preset)
+        report.write_report(report.Args(runs_dir=runs_dir, exp_names=names, out_dir=out_dir))
 
 
 if __name__ == "__main__":

@@ -104,6 +104,21 @@ def test_runner_runs_each_seed_once_in_parallel_and_skips_finished_runs(tmp_path
     assert len(list((tmp_path / "runs").glob("Pendulum-v1__bench_quick__*"))) == 2
 
 
+def test_a_runner_or_report_without_out_dir_writes_beside_the_runs_not_over_the_curated_results(tmp_path, monkeypatch):
+    """Bug: a study preset run without --out-dir (or report.py without it) rewrote benchmarks/results/README.md, the
+    curated main report, with its own runs alone: the hand-written findings around the generated tables lost."""
+    written = []
+    monkeypatch.setattr(run, "commands", lambda args: [])
+    monkeypatch.setattr(run.report, "write_report", lambda report_args: written.append(report_args.out_dir))
+    for preset in ("full", "arm_memory_variants"):
+        run.main(run.Args(preset=preset, root=str(tmp_path)))
+    run.main(run.Args(preset="quick", root=str(tmp_path), out_dir=str(tmp_path / "mine")))
+    reports = tmp_path / "runs" / "reports"
+    assert written == [str(reports / "full"), str(reports / "arm_memory_variants"), str(tmp_path / "mine")]
+    curated = os.path.join(run.REPO, "benchmarks", "results")
+    assert os.path.normpath(os.path.join(run.REPO, report.Args().out_dir)) != curated
+
+
 def test_runner_seeds_flag_runs_only_those_seeds_and_refuses_one_the_preset_lacks(tmp_path):
     """Bugs: --seeds ignored (every seed of a study queued again, hours of runs) or a seed outside the preset run
     under a name no report or table expects."""
