@@ -809,3 +809,63 @@ def test_critic_reads_does_not_count_a_constant_columns_bias_motion_as_reading_i
     assert read == pytest.approx(own_change.norm().item(), rel=1e-5)
     assert both == pytest.approx(own_change.norm().item(), rel=1e-5)
     assert critic_reads.moved_off_bias(first, first) == [0.0, 0.0, 0.0]
+
+
+class DecayingMemory(torch.nn.Module):
+    """A stand-in deployed policy whose memory keeps each of its coordinates at its own rate per step: memory(t) =
+    rates * memory(t - 1) + obs(t), action = the memory's sum."""
+
+    def __init__(self, rates):
+        super().__init__()
+        self.rates = torch.tensor(rates)
+
+    def initial_memory(self, batch, device):
+        return [torch.zeros(batch, len(self.rates), device=device)]
+
+    def forward(self, obs, memory):
+        memory = self.rates * memory + obs
+        return memory.sum(-1, keepdim=True), memory
+
+
+def test_memory_probe_follows_the_first_steps_difference_from_the_step_after_them():
+    """Bugs: the distance compared against the wrong step (every share one step of decay off), the swapped first steps
+    running past --from-step (a later step's difference counted as remembered), or pairs whose first steps are alike
+    counted as forgetting."""
+    from benchmarks import memory_probe
+
+    T, B, from_step = 12, 4, 2
+    observations = torch.zeros(T, B, 3)
+    observations[: from_step + 1, :2] = 1.0  # episodes 0 and 1 alike in their first steps, 2 and 3 zeros
+    observations[from_step + 1:] = torch.randn(T - from_step - 1, B, 3)  # the later steps: anything, the same in both
+    ratios, action_gaps = memory_probe.prefix_effect(DecayingMemory([1.0, 0.5, 0.0]), observations, from_step)
+    assert ratios.shape == (T - from_step - 1, 2)  # pairs (0, 3) and (2, 1) differ; (1, 0) and (3, 2) do not
+    # The difference at from_step is (1 + 0.5 + 0.25, 1 + 0.5 + 0.25 ... ) per coordinate: kept, halved each step, gone.
+    kept, halved = 1 + 1 + 1, 1 + 0.5 + 0.25
+    for k in range(1, T - from_step):
+        expected = math.hypot(kept, halved * 0.5 ** k) / math.hypot(kept, halved, 1.0)
+        torch.testing.assert_close(ratios[k - 1], torch.full((2,), expected))
+        torch.testing.assert_close(action_gaps[k - 1], torch.full((2,), kept + halved * 0.5 ** k))
+
+
+def test_memory_probe_measures_the_scripts_deployed_memories_and_refuses_a_memoryless_run(in_tmp, capsys):
+    """Bugs: the probe reading a script's deployed policy wrong (the window taken for the memory, a transformer's
+    memory compared before its reset), or following an MLP run's nothing as a memory that forgets at once."""
+    from conftest import script_named
+
+    from benchmarks import memory_probe
+
+    run_dirs = []
+    for name in ("ppo_recurrent", "ppo_transformer-memory", "ppo_continuous"):
+        script = script_named(name)
+        summary = script.module.train(script.args(exp_name=name.replace("-", "_")))
+        run_dirs.append(os.path.dirname(summary["checkpoint"]))
+    text = memory_probe.main(memory_probe.Args(run_dirs=tuple(run_dirs[:2]), from_step=2, steps=12, envs=4))
+    rows = [line for line in text.splitlines() if line.startswith("| PendulumNoVel")]
+    assert [row.split(" | ")[1:3] for row in rows] == [["ppo_recurrent.py", "16"], ["ppo_transformer.py", "16"]]
+    for row in rows:
+        shares = [float(cell.split(" (")[0]) for cell in row.strip(" |").split(" | ")[4:]]
+        assert len(shares) >= 2 and all(share > 0 for share in shares)  # 1 (and 5) steps on, and the last step
+    with pytest.raises(SystemExit, match=r"--run-dirs .*ppo_continuous.py without memory carries no state to probe"):
+        memory_probe.main(memory_probe.Args(run_dirs=(run_dirs[2],)))
+    with pytest.raises(SystemExit, match=r"--from-step 11: give a step from 0 to --steps - 2 \(10\)"):
+        memory_probe.main(memory_probe.Args(run_dirs=(run_dirs[0],), from_step=11, steps=12))
