@@ -75,8 +75,9 @@ def prefix_effect(policy, observations: torch.Tensor, from_step: int) -> tuple[t
 
 
 def probe_run(run_dir: str, args: Args) -> dict:
-    """One run's retention along its own recorded episodes (call in a child: Genesis keeps a destroyed scene's
-    memory). Returns its script, memory size and, per lag, the median top singular value and directions kept."""
+    """One run's memory followed along its own recorded episodes (call in a child: Genesis keeps a destroyed scene's
+    memory). Returns its script, memory size, episode length, pairs and, per lag, the median share kept and the
+    median distance of the actions."""
     import importlib
 
     checkpoint = torch.load(os.path.join(run_dir, "checkpoint.pt"), map_location="cpu", weights_only=True)
@@ -122,7 +123,7 @@ def main(args: Args) -> str:
         if script_of(saved) == "ppo_continuous.py" or saved.get("memory_tokens") == 0:
             raise SystemExit(f"error: --run-dirs {run_dir}: {script_of(saved)} without memory carries no state to "
                              "probe; give a ppo_recurrent.py run or a ppo_transformer.py run with --memory-tokens")
-    lines = [f"The first {args.from_step + 1} steps of each of {args.envs} recorded episodes swapped for the previous "
+    lines = [f"The first {args.from_step + 1} steps of each recorded evaluation episode swapped for the previous "
              f"episode's: the memories' distance k steps after step {args.from_step}, as a share of their distance "
              "at it (1: kept whole, 0: forgotten), and in brackets the actions' distance; medians over the pairs "
              "whose first steps differ (`python benchmarks/memory_probe.py`)."]
