@@ -839,7 +839,7 @@ def test_memory_probe_follows_the_first_steps_difference_from_the_step_after_the
     observations[from_step + 1:] = torch.randn(T - from_step - 1, B, 3)  # the later steps: anything, the same in both
     ratios, action_gaps = memory_probe.prefix_effect(DecayingMemory([1.0, 0.5, 0.0]), observations, from_step)
     assert ratios.shape == (T - from_step - 1, 2)  # pairs (0, 3) and (2, 1) differ; (1, 0) and (3, 2) do not
-    # The difference at from_step is (1 + 0.5 + 0.25, 1 + 0.5 + 0.25 ... ) per coordinate: kept, halved each step, gone.
+    # The difference at from_step per coordinate: 1 + 1 + 1 (kept), 1 + 0.5 + 0.25 (halved each step), 1 (then gone).
     kept, halved = 1 + 1 + 1, 1 + 0.5 + 0.25
     for k in range(1, T - from_step):
         expected = math.hypot(kept, halved * 0.5 ** k) / math.hypot(kept, halved, 1.0)
@@ -847,9 +847,9 @@ def test_memory_probe_follows_the_first_steps_difference_from_the_step_after_the
         torch.testing.assert_close(action_gaps[k - 1], torch.full((2,), kept + halved * 0.5 ** k))
 
 
-def test_memory_probe_measures_the_scripts_deployed_memories_and_refuses_a_memoryless_run(in_tmp, capsys):
-    """Bugs: the probe reading a script's deployed policy wrong (the window taken for the memory, a transformer's
-    memory compared before its reset), or following an MLP run's nothing as a memory that forgets at once."""
+def test_memory_probe_measures_the_scripts_deployed_memories_and_refuses_a_memoryless_run(in_tmp):
+    """Bugs: the probe reading a script's deployed policy wrong (the transformer's window taken for its memory: the
+    same later observations, so nothing kept), or following an MLP run's nothing as a memory that forgets at once."""
     from conftest import script_named
 
     from benchmarks import memory_probe
