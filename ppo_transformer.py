@@ -143,6 +143,8 @@ class Args:
     """memory mode: steps per training sequence, the memory recomputed along it (truncated BPTT; 0: whole rollout)"""
     recompute_memory: bool = False
     """memory mode: before each epoch after the first, recompute the memory entering each sequence (current weights)"""
+    memory_gate: bool = False
+    """memory mode: write the memory through a GRU gate that starts mostly closed, in place of replacing it each step"""
     num_heads: int = 2
     """attention heads per layer (must divide --token-dim)"""
     num_layers: int = 2
@@ -370,9 +372,10 @@ class TransformerAgent(nn.Module):
     query row is ever fully masked and attention never produces NaN.
 
     Memory mode (--memory-tokens P): P memory tokens (B, P, D) enter each step beside the window's tokens, are
-    attended together with them, and their outputs, layer-normed, are the memory the next step reads; an episode's
-    first step reads the learned `memory_init` instead. The memory is recurrent state: the update reruns it through
-    sequences of steps (`sequence_features`), as the recurrent script reruns its GRU.
+    attended together with them, and their outputs, layer-normed, are the memory the next step reads (with
+    --memory-gate, mixed into the old memory by a GRU gate); an episode's first step reads the learned
+    `memory_init` instead. The memory is recurrent state: the update reruns it through sequences of steps
+    (`sequence_features`), as the recurrent script reruns its GRU.
     """
 
     def __init__(self, args: Args, obs_space, action_space, critic_obs_space=None, scan_size: int = 0):
@@ -396,6 +399,9 @@ class TransformerAgent(nn.Module):
             self.memory_init = nn.Parameter(torch.randn(P, D))
             self.memory_position = nn.Parameter(0.02 * torch.randn(P, D))
             self.memory_norm = nn.LayerNorm(D)  # the written memory stays bounded however long the episode
+            # --memory-gate: each step's write goes through GTrXL's gate, which starts keeping ~88% of the old memory,
+            # so holding is the default and writing is learned (a GRU's update), where the plain write replaces it.
+            self.memory_gate = GRUGate(D) if args.memory_gate else None
         self.blocks = nn.ModuleList(Block(D, args.num_heads, args.ff_mult, args.pre_ln, args.gated, args.small_init)
                                     for _ in range(args.num_layers))
         self.final_norm = nn.LayerNorm(D) if args.pre_ln else nn.Identity()
@@ -433,9 +439,12 @@ class TransformerAgent(nn.Module):
         for block in self.blocks:
             tokens = block(tokens, key_mask, diagnostics)
         features = self.final_norm(tokens[:, -self.num_tokens:]).flatten(1)
+        if not P:
+            return features, None
         # The position tags the memory tokens for attention, added anew every step: taken back off before the memory
         # is written, or it would pile up step after step and crowd out what the memory holds.
-        return features, (self.memory_norm(tokens[:, :P] - self.memory_position) if P else None)
+        written = self.memory_norm(tokens[:, :P] - self.memory_position)
+        return features, (written if self.memory_gate is None else self.memory_gate(memory, written))
 
     def features(self, windows: torch.Tensor, valid: torch.Tensor, memory: torch.Tensor | None = None,
                  diagnostics: dict | None = None) -> torch.Tensor:
@@ -1230,7 +1239,8 @@ def resolve_args(args: Args) -> Args:
     if args.memory_tokens < 0:
         raise UsageError(f"--memory-tokens must be 0 (no memory) or more, got {args.memory_tokens}")
     if not args.memory_tokens:
-        for flag, used in (("--bptt-len", args.bptt_len not in (0, 1)), ("--recompute-memory", args.recompute_memory)):
+        for flag, used in (("--bptt-len", args.bptt_len not in (0, 1)), ("--recompute-memory", args.recompute_memory),
+                           ("--memory-gate", args.memory_gate)):
             if used:
                 raise UsageError(f"{flag} applies to memory mode: add --memory-tokens (e.g. 4), or leave {flag} out")
         args.bptt_len = 1  # without memory every step stands alone: its window holds all it attends to

@@ -217,3 +217,9 @@ def test_exported_lstm_policy_of_two_layers_acts_as_the_script(trunks, in_tmp):
     onnx_path = check_export_acts_as_the_script(script, checkpoint, steps=20)
     _, _, session = onnx_runner(onnx_path)
     assert session.get_inputs()[1].shape[1:] == [2 * 2 * 16]  # (hidden, cell) x 2 layers x 16
+
+
+def test_exported_memory_gated_policy_acts_as_the_script(in_tmp):
+    """Bug: the deployed transformer writing its memory the plain way where the script gates it (--memory-gate)."""
+    script = script_named("ppo_transformer-memory")
+    check_export_acts_as_the_script(script, train_tiny(script, memory_gate=True), steps=20)

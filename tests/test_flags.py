@@ -111,6 +111,7 @@ MOVES: dict[str, list[Move]] = {
     "critic": [Move(lambda args, flag: "mlp" if args.critic == "shared" else "shared", MODE) for MODE in MODES],
     "memory_tokens": [Move(2, (*MODE, ("num_minibatches", 3))) for MODE in MODES],
     "recompute_memory": [Move(True, (*MEMORY, ("bptt_len", 4), ("update_epochs", 3)))],
+    "memory_gate": [Move(True, MEMORY)],
 }
 
 EXEMPT: dict[str, str] = {

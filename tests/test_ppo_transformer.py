@@ -301,6 +301,25 @@ def test_a_network_that_writes_nothing_keeps_its_memory_step_after_step():
     torch.testing.assert_close(last, agent.memory_norm(memory), atol=1e-4, rtol=1e-4)
 
 
+def test_a_closed_memory_gate_holds_the_initial_memory_through_an_episode():
+    """Bugs in --memory-gate: the gate mixing the new write with something other than the memory the step read (the
+    write itself, the memory with its position tag), or layer-normed after mixing, so a gate that keeps everything
+    still changes the memory; or the plain write used in its place."""
+    agent = memory_agent(context_len=2, memory_gate=True)
+    obs, done = random_rollout(T=30)
+    done[:] = False
+    windows, valid, _, _ = simulate_context(obs, done, agent.context_len)
+    starts = torch.zeros(30, 3, dtype=torch.bool)
+    starts[0] = True  # the episode starts from memory_init, not the memory passed in
+    with torch.no_grad():
+        agent.memory_gate.bias.fill_(1e4)  # z = 0: every step keeps the whole memory
+        _, kept = agent.sequence_features(windows, valid, torch.randn(3, 3, 8), starts)
+        agent.memory_gate.bias.fill_(-1e4)  # z = 1: every step replaces it with the gate's candidate
+        _, replaced = agent.sequence_features(windows, valid, torch.randn(3, 3, 8), starts)
+    torch.testing.assert_close(kept, agent.memory_init.expand(3, -1, -1))
+    assert (replaced - agent.memory_init).abs().min() > 1e-3 and replaced.abs().max() < 1  # tanh's range
+
+
 def test_recomputed_memories_equal_the_acted_ones_under_the_same_weights():
     """Bugs: --recompute-memory rerunning from the wrong memory or the wrong chunk (shifted by one), or returning
     the sequences' memories in another order than the update's sequences (c * N + n)."""
@@ -314,15 +333,16 @@ def test_recomputed_memories_equal_the_acted_ones_under_the_same_weights():
 
 
 def test_memory_flags_change_the_run_and_are_refused_without_memory(in_tmp):
-    """Bugs: --recompute-memory or --bptt-len accepted but ignored; either silently accepted without memory."""
+    """Bugs: --recompute-memory or --bptt-len accepted but ignored; either, or --memory-gate, silently accepted
+    without memory."""
     base = dict(memory_tokens=2, context_len=1, num_minibatches=3, critic="shared")
     losses = {name: [{k: v for k, v in h.items() if k.startswith("losses/")}
                      for h in ppo.train(SCRIPT.args(**base, **flags))["history"]]
               for name, flags in (("whole", dict(bptt_len=16)), ("short", dict(bptt_len=4)),
                                   ("recomputed", dict(bptt_len=4, recompute_memory=True)))}
     assert losses["short"] != losses["whole"] and losses["recomputed"] != losses["short"]
-    for flags in (dict(bptt_len=8), dict(recompute_memory=True), dict(memory_tokens=-1)):
-        with pytest.raises(ppo.UsageError, match="--(bptt-len|recompute-memory|memory-tokens)"):
+    for flags in (dict(bptt_len=8), dict(recompute_memory=True), dict(memory_gate=True), dict(memory_tokens=-1)):
+        with pytest.raises(ppo.UsageError, match="--(bptt-len|recompute-memory|memory-gate|memory-tokens)"):
             ppo.resolve_args(SCRIPT.args(**flags))
     with pytest.raises(ppo.UsageError, match="--bptt-len 5 does not divide --num-steps 16"):
         ppo.resolve_args(SCRIPT.args(**base, bptt_len=5))
