@@ -83,11 +83,12 @@ PRESETS = {
     "arm_memory_transformer": [("ppo_transformer.py", "FrankaReachCue-v0", (seed,), 3_000_000, [], "memory")
                                for seed in (1, 2, 3)],
     # Issue 43's suspects for memory mode's gap to the GRU there, one changed at a time from the preset: GTrXL's gate
-    # on each residual (the GRU's own way of keeping and overwriting its state), and twice as wide tokens (the memory
-    # and the whole transformer: 64 instead of 32).
+    # on each residual (the GRU's own way of keeping and overwriting its state), twice as wide tokens (the memory
+    # and the whole transformer: 64 instead of 32), and the memory written through a gate of its own (--memory-gate).
     "arm_memory_variants": [("ppo_transformer.py", "FrankaReachCue-v0", (seed,), 3_000_000, flags, suffix)
                             for seed in (1, 2, 3) for flags, suffix in ((["--gated"], "memory_gated"),
-                                                                      (["--token-dim", "64"], "memory_wide"))],
+                                                                      (["--token-dim", "64"], "memory_wide"),
+                                                                      (["--memory-gate"], "memory_mgate"))],
     # Issue 15: memory on the cube, the three scripts' presets on FrankaPushCubeRandom-v0 (unobserved cube mass and
     # friction) at one budget; seed by seed, so that a stopped session leaves whole seeds (runs resume).
     "push_memory": [(script, "FrankaPushCubeRandom-v0", (seed,), 2_000_000, []) for seed in (1, 2, 3)
