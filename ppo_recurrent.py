@@ -179,6 +179,9 @@ class Args:
     resume: str | None = None
     """checkpoint file or run directory to continue (same run directory, step counter and curves; its flags but for
     the length, devices, threads and progress bar)"""
+    init_from: str | None = None
+    """checkpoint file or run directory whose network and observation normalisers a new run starts from (its own
+    flags, optimizer, step counter and run directory; the network's flags as the checkpoint's run had them)"""
     eval_checkpoint: str | None = None
     """evaluate this checkpoint instead of training"""
     eval_interval: int = 20
@@ -912,6 +915,8 @@ def train(args: Args, on_iteration=None, typed_flags: set[str] | None = None) ->
     `on_iteration(metrics)`, if given, sees each iteration's history entry (a sweep's pruner); an exception it
     raises ends the run, envs and logs closed. `typed_flags`: see flags_given (the command line passes them)."""
     args, rank, checkpoint, policy_device, (rollout_threads, update_threads) = start_run(args, typed_flags)
+    # A warm start's checkpoint is read before the envs are built, so that a wrong path is told at once.
+    initial = load_checkpoint(args.init_from, "--init-from") if args.init_from and checkpoint is None else None
     # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
     vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
                    render=args.capture_video and rank == 0)
@@ -943,6 +948,8 @@ def train(args: Args, on_iteration=None, typed_flags: set[str] | None = None) ->
     if critic_norm is not None:
         stateful["critic_obs_normalizer"] = critic_norm
         carry["next_critic_obs_raw"] = reset_info["critic_obs"]
+    if initial is not None:
+        warm_start(initial, args.init_from, stateful)
     if checkpoint is None:
         obs_norm.update(carry["next_obs_raw"])
         if critic_norm is not None:
@@ -1398,6 +1405,25 @@ def restore(checkpoint: dict | None, rank: int, vec, stateful: dict, own_statefu
     else:
         print(f"[resume] {why_fresh}: envs start from a fresh reset")
     return checkpoint["global_step"], checkpoint["iteration"] + 1
+
+
+def warm_start(initial: dict, path: str, stateful: dict) -> None:
+    """--init-from: the network and observation normalisers of another run's checkpoint, as rsl_rl and legged_gym
+    load a trained policy into a new run (a curriculum by hand, a task changed under the same observations). The
+    optimizer starts afresh, as do the counters and the reward scaler. A UsageError if the two do not fit."""
+    def shape(state: dict, name: str) -> str:
+        return "absent" if name not in state else "x".join(map(str, state[name].shape)) or "scalar"
+
+    for key, obj in stateful.items():
+        if key == "optimizer":
+            continue
+        here, there = obj.state_dict(), initial.get(key, {})
+        differ = [f"{key}.{name} {shape(there, name)} there, {shape(here, name)} here"
+                  for name in sorted(here.keys() | there.keys()) if shape(there, name) != shape(here, name)]
+        if differ:
+            raise UsageError(f"--init-from {path}: its network does not fit this run's ({'; '.join(differ[:3])}); give "
+                             "the network's and the task's flags of the run it comes from (its args.json)")
+        obj.load_state_dict(there)
 
 
 class StopSignal:

@@ -136,6 +136,8 @@ EXEMPT: dict[str, str] = {
     "dist_timeout_s": "a torchrun timeout",
     "checkpoint_interval": "when checkpoints are written; resume continues exactly (test_invariants)",
     "resume": "a path: continues a run (test_resume_continues_exactly_like_an_uninterrupted_run)",
+    "init_from": "a path: a new run from another's network (test_a_warm_start_takes_the_network_and_normalisers_"
+                 "and_nothing_else)",
     "eval_checkpoint": "a path: evaluates instead of training",
     "eval_episodes": "evaluation only",
     "eval_interval": "evaluation while training: never changes the run (tests/test_evaluation.py)",

@@ -733,6 +733,29 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(variant, in_tmp):
     assert metrics_without_timing(resumed["history"]) == metrics_without_timing(straight["history"][2:])
 
 
+
+def test_a_warm_start_takes_the_network_and_normalisers_and_nothing_else(variant, in_tmp):
+    """Bugs: --init-from loads nothing; loads the network but not the observation normaliser, or the normaliser
+    restarted rather than counting on; carries the old run's optimizer over; continues the old run (its directory,
+    its step counter) rather than starting its own."""
+    source = variant.module.train(variant.args(seed=2, norm_obs=True))
+    # A learning rate of 1e-12 leaves the weights where the run started (Adam's steps are about the rate's size).
+    frozen = dict(seed=3, norm_obs=True, learning_rate=1e-12, lr_schedule="constant")
+    warm = variant.module.train(variant.args(init_from=source["run_dir"], **frozen))
+    cold = variant.module.train(variant.args(**frozen))
+    source_state, warm_state, cold_state = (torch.load(run["checkpoint"], weights_only=True)
+                                            for run in (source, warm, cold))
+    assert warm["run_dir"] not in (source["run_dir"], cold["run_dir"])
+    assert warm["global_step"] == cold["global_step"] and warm["history"][0]["iteration"] == 1
+    for name, weight in source_state["model"].items():
+        torch.testing.assert_close(warm_state["model"][name], weight, rtol=0, atol=1e-8, msg=name)
+    assert any(not torch.allclose(cold_state["model"][name], weight) for name, weight in source_state["model"].items())
+    counts = [state["obs_normalizer"]["count"].item() for state in (source_state, warm_state, cold_state)]
+    assert counts[1] == pytest.approx(counts[0] + counts[2] - 1e-4)  # each count starts at 1e-4
+    adam_steps = [[p["step"].item() for p in state["optimizer"]["state"].values()] for state in (warm_state, cold_state)]
+    assert adam_steps[0] == adam_steps[1]
+
+
 class GraphReplays:
     """A stand-in for torch.compile(fn, mode="reduce-overhead") on a GPU, as far as the caller can see: CUDA graphs
     write their outputs (those outside autograd) into one shared memory pool, so an output kept past a later call
