@@ -768,7 +768,7 @@ def train(args: Args, on_iteration=None, typed_flags: set[str] | None = None) ->
         stateful["critic_obs_normalizer"] = critic_norm
         carry["next_critic_obs_raw"] = reset_info["critic_obs"]
     if initial is not None:
-        warm_start(initial, args.init_from, stateful)
+        warm_start(initial, args, stateful)
     if checkpoint is None:
         obs_norm.update(carry["next_obs_raw"])
         if critic_norm is not None:
@@ -1216,10 +1216,12 @@ def restore(checkpoint: dict | None, rank: int, vec, stateful: dict, own_statefu
     return checkpoint["global_step"], checkpoint["iteration"] + 1
 
 
-def warm_start(initial: dict, path: str, stateful: dict) -> None:
+def warm_start(initial: dict, args: Args, stateful: dict) -> None:
     """--init-from: the network and observation normalisers of another run's checkpoint, as rsl_rl and legged_gym
     load a trained policy into a new run (a curriculum by hand, a task changed under the same observations). The
-    optimizer starts afresh, as do the counters and the reward scaler. A UsageError if the two do not fit."""
+    optimizer starts afresh, as do the counters and the reward scaler. A UsageError if the two do not fit; the flags
+    that differ from that run's are listed (a network flag that changes no shape, --num-heads or --activation, loads
+    without complaint and computes something else)."""
     def shape(state: dict, name: str) -> str:
         return "absent" if name not in state else "x".join(map(str, state[name].shape)) or "scalar"
 
@@ -1230,9 +1232,16 @@ def warm_start(initial: dict, path: str, stateful: dict) -> None:
         differ = [f"{key}.{name} {shape(there, name)} there, {shape(here, name)} here"
                   for name in sorted(here.keys() | there.keys()) if shape(there, name) != shape(here, name)]
         if differ:
-            raise UsageError(f"--init-from {path}: its network does not fit this run's ({'; '.join(differ[:3])}); give "
-                             "the network's and the task's flags of the run it comes from (its args.json)")
+            raise UsageError(f"--init-from {args.init_from}: its network does not fit this run's "
+                             f"({'; '.join(differ[:3])}); give the network's and the task's flags of the run it comes "
+                             "from (its args.json)")
         obj.load_state_dict(there)
+    source = args_from_checkpoint(initial)
+    not_flags = ("resume", "init_from", "world_size", "batch_size", "minibatch_size", "num_iterations", "num_sequences")
+    unlike = ["--" + f.name.replace("_", "-") for f in fields(Args)
+              if f.name not in not_flags and getattr(args, f.name) != getattr(source, f.name)]
+    print(f"[init-from] {args.init_from}: its network and observation normalisers; flags unlike its run's: "
+          f"{', '.join(unlike) or 'none'}")
 
 
 class StopSignal:

@@ -734,14 +734,17 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(variant, in_tmp):
 
 
 
-def test_a_warm_start_takes_the_network_and_normalisers_and_nothing_else(variant, in_tmp):
+def test_a_warm_start_takes_the_network_and_normalisers_and_nothing_else(variant, in_tmp, capsys):
     """Bugs: --init-from loads nothing; loads the network but not the observation normaliser, or the normaliser
     restarted rather than counting on; carries the old run's optimizer over; continues the old run (its directory,
-    its step counter) rather than starting its own."""
+    its step counter) rather than starting its own; does not say which flags differ from the source run's."""
     source = variant.module.train(variant.args(seed=2, norm_obs=True))
     # A learning rate of 1e-12 leaves the weights where the run started (Adam's steps are about the rate's size).
     frozen = dict(seed=3, norm_obs=True, learning_rate=1e-12, lr_schedule="constant")
+    capsys.readouterr()
     warm = variant.module.train(variant.args(init_from=source["run_dir"], **frozen))
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[init-from]")]
+    assert len(said) == 1 and said[0].endswith("flags unlike its run's: --seed, --learning-rate, --lr-schedule"), said
     cold = variant.module.train(variant.args(**frozen))
     source_state, warm_state, cold_state = (torch.load(run["checkpoint"], weights_only=True)
                                             for run in (source, warm, cold))
@@ -752,8 +755,9 @@ def test_a_warm_start_takes_the_network_and_normalisers_and_nothing_else(variant
     assert any(not torch.allclose(cold_state["model"][name], weight) for name, weight in source_state["model"].items())
     counts = [state["obs_normalizer"]["count"].item() for state in (source_state, warm_state, cold_state)]
     assert counts[1] == pytest.approx(counts[0] + counts[2] - 1e-4)  # each count starts at 1e-4
-    adam_steps = [[p["step"].item() for p in state["optimizer"]["state"].values()] for state in (warm_state, cold_state)]
-    assert adam_steps[0] == adam_steps[1]
+    warm_steps, cold_steps = ([p["step"].item() for p in state["optimizer"]["state"].values()]
+                              for state in (warm_state, cold_state))
+    assert warm_steps == cold_steps
 
 
 class GraphReplays:
