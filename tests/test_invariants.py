@@ -12,6 +12,7 @@ import inspect
 import math
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -733,7 +734,6 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(variant, in_tmp):
     assert metrics_without_timing(resumed["history"]) == metrics_without_timing(straight["history"][2:])
 
 
-
 def test_a_warm_start_takes_the_network_and_normalisers_and_nothing_else(variant, in_tmp, capsys):
     """Bugs: --init-from loads nothing; loads the network but not the observation normaliser, or the normaliser
     restarted rather than counting on; carries the old run's optimizer over; continues the old run (its directory,
@@ -758,6 +758,19 @@ def test_a_warm_start_takes_the_network_and_normalisers_and_nothing_else(variant
     warm_steps, cold_steps = ([p["step"].item() for p in state["optimizer"]["state"].values()]
                               for state in (warm_state, cold_state))
     assert warm_steps == cold_steps
+
+
+def test_a_warm_started_run_resumes_without_its_source(script, in_tmp):
+    """Bug: a resumed warm-started run (its args.json keeps --init-from) reads the source checkpoint again: gone
+    (moved, cleaned up), the resume fails; there, it is loaded for nothing (the run's own checkpoint replaces it)."""
+    source = script.module.train(script.args(seed=2))
+    args = script.args(init_from=source["run_dir"], checkpoint_interval=2)
+    args.total_timesteps = 4 * args.num_envs * args.num_steps
+    straight = script.module.train(args)
+    shutil.rmtree(source["run_dir"])
+    resumed = script.module.train(script.module.Args(resume=os.path.join(straight["run_dir"], "checkpoint_000002.pt"),
+                                                     progress_bar=False))
+    assert metrics_without_timing(resumed["history"]) == metrics_without_timing(straight["history"][2:])
 
 
 class GraphReplays:
