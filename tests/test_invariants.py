@@ -989,7 +989,7 @@ def test_help_shows_the_settings_that_will_run_for_the_chosen_task(script, env_i
     for name in ("learning_rate", "lr_schedule", "num_envs", "num_steps", "total_timesteps", "gamma", "ent_coef",
                  "target_kl", "init_log_std", "num_minibatches", "update_epochs", "vf_coef", "max_grad_norm"):
         assert shown[f"--{name.replace('_', '-')}"] == str(getattr(expected, name)), name
-    runtime = ("--wandb-entity", "--wandb-group", "--resume", "--eval-checkpoint", "--export-checkpoint",
+    runtime = ("--wandb-entity", "--wandb-group", "--resume", "--init-from", "--eval-checkpoint", "--export-checkpoint",
                "--env-kwargs")
     assert [flag for flag, default in shown.items() if default == "None" and flag not in runtime] == []
     assert len(shown) > 40  # every flag was found
