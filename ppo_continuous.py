@@ -1602,10 +1602,12 @@ class Run:
 
 @torch.inference_mode()
 def evaluate(checkpoint_path: str, episodes: int = 10, capture_video: bool = False, device: str = "auto",
-             sim_device: str = "auto") -> dict:
+             sim_device: str = "auto", env_kwargs: dict | None = None) -> dict:
     """Runs `episodes` deterministic episodes (`run_episodes`) of a checkpoint's policy, or of an exported policy.onnx
     run by onnxruntime alone, prints the result as JSON and returns it. The evaluation during training
     (--eval-interval) runs the same episodes: its eval/* logs of an iteration are this of that iteration's checkpoint.
+    `env_kwargs` (--env-kwargs) go on top of the run's own: the same policy on a changed task (longer episodes, other
+    terrain), as legged_gym's play.py edits its env config; the observations must keep their sizes.
     """
     if episodes < 1:
         raise UsageError(f"--eval-episodes must be at least 1, got {episodes}")
@@ -1618,7 +1620,18 @@ def evaluate(checkpoint_path: str, episodes: int = 10, capture_video: bool = Fal
         checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
         args = args_from_checkpoint(checkpoint)
     args = dataclasses.replace(args, sim_device=sim_device)
+    if env_kwargs:
+        args = dataclasses.replace(args, env_kwargs={**(args.env_kwargs or {}), **env_kwargs})
     vec = evaluation_envs(args, episodes, policy_device, render=capture_video)
+    if env_kwargs:
+        changed = "--env-kwargs " + " ".join(f"{key} {','.join(map(str, value)) if isinstance(value, tuple) else value}"
+                                             for key, value in env_kwargs.items())
+        try:
+            check_observation_sizes(vec, policy.inputs[0].shape[1:] if exported else checkpoint, changed)
+        except UsageError:
+            vec.close()
+            raise
+        print(f"[eval] {args.env_id} with {changed} on top of the run's own options")
     if not exported:
         policy = deployed_policy(args, vec, checkpoint, policy_device)
     video = os.path.join(run_dir_of(checkpoint_path), "videos", "eval.mp4") if capture_video else None
@@ -1628,6 +1641,23 @@ def evaluate(checkpoint_path: str, episodes: int = 10, capture_video: bool = Fal
         vec.close()
     print(json.dumps(result))
     return result
+
+
+def check_observation_sizes(vec, trained_on, changed: str) -> None:
+    """A UsageError unless the task as `changed` (the --env-kwargs typed) observes what the policy was trained on:
+    `trained_on` is a checkpoint (its normalisers' sizes, the critic's among them: the critic is built to load the
+    model) or an exported policy's observation shape."""
+    if isinstance(trained_on, dict):
+        pairs = [("observation", vec.single_observation_space.shape, trained_on["obs_normalizer"]["mean"].shape)]
+        if "critic_obs_normalizer" in trained_on:
+            pairs.append(("critic observation", vec.single_critic_observation_space.shape,
+                          trained_on["critic_obs_normalizer"]["mean"].shape))
+    else:
+        pairs = [("observation", vec.single_observation_space.shape, trained_on)]
+    for what, here, there in pairs:
+        if tuple(here) != tuple(there):
+            raise UsageError(f"{changed}: the task's {what} has size {tuple(here)}, the policy's {tuple(there)}; leave "
+                             "out the options that change what is observed")
 
 
 EVAL_SEED_OFFSET = 10_000  # evaluation envs' seeds: args.seed + this, a seed the training envs never take
@@ -1847,9 +1877,9 @@ def cli(argv: list[str] | None = None) -> None:
         if args.eval_checkpoint:
             refuse_unused_flags(args, typed_flags, "--eval-checkpoint", (
                 "eval_checkpoint", "eval_episodes", "capture_video", "cuda", "policy_device", "sim_device",
-                "progress_bar"))
+                "progress_bar", "env_kwargs"))
             devices = ("cuda", "cuda") if args.cuda else (args.policy_device, args.sim_device)
-            evaluate(args.eval_checkpoint, args.eval_episodes, args.capture_video, *devices)
+            evaluate(args.eval_checkpoint, args.eval_episodes, args.capture_video, *devices, args.env_kwargs)
         elif args.export_checkpoint:
             refuse_unused_flags(args, typed_flags, "--export-checkpoint", ("export_checkpoint", "progress_bar"))
             export_policy(args.export_checkpoint)

@@ -1,13 +1,17 @@
 """Evaluation while training (--eval-interval), on all three scripts: it never changes the training run, each eval/*
 log is what --eval-checkpoint reports for that iteration's checkpoint, checkpoint_best.pt is the best evaluation's
 checkpoint (success first, then return), a resumed run remembers the best so far, and a failing evaluation env stops
-the run as a failing training env does. Under torchrun: tests/test_distributed.py."""
+the run as a failing training env does. Under torchrun: tests/test_distributed.py. And --eval-checkpoint with
+--env-kwargs: the run's task changed by them."""
 
 from __future__ import annotations
 
 import glob
 import os
+import re
+from types import SimpleNamespace
 
+import gymnasium as gym
 import pytest
 import torch
 
@@ -178,3 +182,41 @@ def test_a_failing_evaluation_env_stops_the_run_with_the_last_iteration_saved(sc
         script.module.train(args)
     (run_dir,) = glob.glob(os.path.join("runs", "*"))
     assert torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)["iteration"] == 1
+
+
+def test_an_evaluation_with_env_kwargs_plays_the_runs_task_changed_by_them(script, in_tmp, capsys):
+    """Bugs: --env-kwargs with --eval-checkpoint ignored (the run's own task played); replacing the run's options
+    rather than going on top of them (its 30-step episodes lost); the exported policy's evaluation left unchanged."""
+    summary = script.module.train(script.args(env_kwargs={"max_episode_steps": 30}))
+    plain = script.module.evaluate(summary["checkpoint"], episodes=4, device="cpu")
+    capsys.readouterr()
+    changed = script.module.evaluate(summary["checkpoint"], episodes=4, device="cpu", env_kwargs={"g": 2.0})
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[eval]")]
+    assert said == [f"[eval] {script.args().env_id} with --env-kwargs g 2.0 on top of the run's own options"]
+    assert plain["mean_length"] == changed["mean_length"] == 30
+    assert changed["mean_return"] != pytest.approx(plain["mean_return"], rel=1e-3)
+    onnx_path, _ = script.module.export_policy(summary["checkpoint"])
+    exported = script.module.evaluate(onnx_path, episodes=4, device="cpu", env_kwargs={"g": 2.0})
+    assert exported["mean_return"] == pytest.approx(changed["mean_return"], rel=1e-4)
+
+
+def test_a_changed_task_that_observes_other_sizes_is_refused(script):
+    """Bug: --env-kwargs that change what is observed (a height scan off, a position kept) load the policy anyway:
+    a traceback from load_state_dict, or a policy reading the wrong numbers; or the critic's observation, which must
+    fit too (the critic is built to load the model), left unchecked."""
+    vec = SimpleNamespace(single_observation_space=gym.spaces.Box(-1, 1, (5,)),
+                          single_critic_observation_space=gym.spaces.Box(-1, 1, (9,)))
+    check, flag = script.module.check_observation_sizes, "--env-kwargs a 1"
+    check(vec, {"obs_normalizer": {"mean": torch.zeros(5)}, "critic_obs_normalizer": {"mean": torch.zeros(9)}}, flag)
+    check(vec, (5,), flag)
+    with pytest.raises(script.module.UsageError, match=re.escape(
+            "--env-kwargs a 1: the task's critic observation has size (9,), the policy's (7,); leave out")):
+        check(vec, {"obs_normalizer": {"mean": torch.zeros(5)}, "critic_obs_normalizer": {"mean": torch.zeros(7)}},
+              flag)
+    with pytest.raises(script.module.UsageError,
+                       match=re.escape("the task's observation has size (5,), the policy's (4,)")):
+        check(vec, {"obs_normalizer": {"mean": torch.zeros(4)}}, flag)
+    with pytest.raises(script.module.UsageError,
+                       match=re.escape("the task's observation has size (5,), the policy's (6,)")):
+        check(vec, (6,), flag)
+

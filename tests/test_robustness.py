@@ -28,8 +28,8 @@ from conftest import (
 # ---------------------------------------------------------------- bad input: one line, the flag, the fix
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """A finished one-iteration run per script, a truncated and a garbage checkpoint, a pickled object and a
-    torch file that is no checkpoint."""
+    """A finished one-iteration run per script and one of the MLP's on HalfCheetah-v5, a truncated and a garbage
+    checkpoint, a pickled object and a torch file that is no checkpoint."""
     root = tmp_path_factory.mktemp("checkpoints")
     paths = {}
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -39,6 +39,8 @@ def checkpoints(tmp_path_factory):
             args = script.args()
             args.total_timesteps = args.num_envs * args.num_steps
             paths[name] = os.path.abspath(script.module.train(args)["checkpoint"])
+        args = script_named("ppo_continuous").args(env_id="HalfCheetah-v5", num_envs=1, total_timesteps=64)
+        paths["cheetah"] = os.path.abspath(script_named("ppo_continuous").module.train(args)["checkpoint"])
     data = open(paths["ppo_continuous"], "rb").read()
     for name, content in (("truncated.pt", data[: len(data) // 2]), ("garbage.pt", b"not a checkpoint" * 100),
                           ("garbage.onnx", b"not an onnx model" * 100)):
@@ -143,8 +145,12 @@ CLI_CASES = [
     ("ppo_continuous", ["--eval-checkpoint", "{ppo_continuous}", "--cuda"], "no CUDA GPU"),
     ("ppo_recurrent", ["--export-checkpoint", "{ppo_recurrent}", "--eval-episodes", "5"],
      "--eval-episodes does nothing with --export-checkpoint"),
-    ("ppo_transformer", ["--eval-checkpoint", "{ppo_transformer}", "--env-kwargs", "g", "9.8"],
-     "--env-kwargs does nothing with --eval-checkpoint"),
+    ("ppo_transformer", ["--eval-checkpoint", "{ppo_transformer}", "--env-kwargs", "foo", "1"],
+     "--env-kwargs: PendulumNoVel-v1 has no option 'foo'"),
+    ("ppo_continuous", ["--eval-checkpoint", "{cheetah}", "--env-kwargs", "exclude_current_positions_from_observation",
+                        "False"], "the task's observation has size (18,), the policy's (17,); leave out the options"),
+    ("ppo_recurrent", ["--export-checkpoint", "{ppo_recurrent}", "--env-kwargs", "g", "9.8"],
+     "--env-kwargs does nothing with --export-checkpoint"),
     ("ppo_recurrent", ["--resume", "{ppo_recurrent}", "--total-timesteps", "100000", "--learning-rate", "0.5"],
      "--learning-rate 0.5: the run being resumed has 0.001"),
     ("ppo_transformer", ["--resume", "{ppo_transformer}", "--env-id", "Pendulum-v1"], "--env-id 'Pendulum-v1'"),
