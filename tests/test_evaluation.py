@@ -219,4 +219,3 @@ def test_a_changed_task_that_observes_other_sizes_is_refused(script):
     with pytest.raises(script.module.UsageError,
                        match=re.escape("the task's observation has size (5,), the policy's (6,)")):
         check(vec, (6,), flag)
-
