@@ -27,6 +27,7 @@ import traceback
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -465,10 +466,14 @@ class RecurrentAgent(nn.Module):
         return self.env_action(self.actor_mean(features)), final.permute(2, 0, 1, 3).reshape(x.shape[1], -1)
 
 
-def build_agent(args: Args, vec, device: torch.device) -> tuple[RecurrentAgent, ObsNormalizer, ObsNormalizer | None]:
+def build_agent(args: Args, vec, device: torch.device, critic_shape: tuple | None = None
+                ) -> tuple[RecurrentAgent, ObsNormalizer, ObsNormalizer | None]:
     """The agent, its observation normaliser and, with --privileged-critic on a task that has a critic observation,
-    the critic observation's own normaliser (else None: the critic reads the policy's features)."""
+    the critic observation's own normaliser (else None: the critic reads the policy's features). `critic_shape`,
+    where given, is the critic observation's shape to build for instead of the task's."""
     critic_space = vec.single_critic_observation_space if args.privileged_critic else None
+    if critic_shape is not None:  # a checkpoint's critic, built whatever the task offers now (`deployed_policy`)
+        critic_space = gym.spaces.Box(-np.inf, np.inf, critic_shape, np.float32)
     agent = RecurrentAgent(args, vec.single_observation_space, vec.single_action_space, critic_space,
                            getattr(vec, "scan_size", 0)).to(device)
     obs_norm = ObsNormalizer(vec.single_observation_space.shape, args.norm_obs, args.norm_obs_until,
@@ -1798,7 +1803,7 @@ def evaluate(checkpoint_path: str, episodes: int = 10, capture_video: bool = Fal
     run by onnxruntime alone, prints the result as JSON and returns it. The evaluation during training
     (--eval-interval) runs the same episodes: its eval/* logs of an iteration are this of that iteration's checkpoint.
     `env_kwargs` (--env-kwargs) go on top of the run's own: the same policy on a changed task (longer episodes, other
-    terrain), as legged_gym's play.py edits its env config; the observations must keep their sizes.
+    terrain), as legged_gym's play.py edits its env config; the policy's observation must keep its size.
     """
     if episodes < 1:
         raise UsageError(f"--eval-episodes must be at least 1, got {episodes}")
@@ -1818,7 +1823,8 @@ def evaluate(checkpoint_path: str, episodes: int = 10, capture_video: bool = Fal
         changed = "--env-kwargs " + " ".join(f"{key} {','.join(map(str, value)) if isinstance(value, tuple) else value}"
                                              for key, value in env_kwargs.items())
         try:
-            check_observation_sizes(vec, policy.inputs[0].shape[1:] if exported else checkpoint, changed)
+            check_observation_size(vec, policy.inputs[0].shape[1:] if exported
+                                   else checkpoint["obs_normalizer"]["mean"].shape, changed)
         except UsageError:
             vec.close()
             raise
@@ -1834,21 +1840,14 @@ def evaluate(checkpoint_path: str, episodes: int = 10, capture_video: bool = Fal
     return result
 
 
-def check_observation_sizes(vec, trained_on, changed: str) -> None:
-    """A UsageError unless the task as `changed` (the --env-kwargs typed) observes what the policy was trained on:
-    `trained_on` is a checkpoint (its normalisers' sizes, the critic's among them: the critic is built to load the
-    model) or an exported policy's observation shape."""
-    if isinstance(trained_on, dict):
-        pairs = [("observation", vec.single_observation_space.shape, trained_on["obs_normalizer"]["mean"].shape)]
-        if "critic_obs_normalizer" in trained_on:
-            pairs.append(("critic observation", vec.single_critic_observation_space.shape,
-                          trained_on["critic_obs_normalizer"]["mean"].shape))
-    else:
-        pairs = [("observation", vec.single_observation_space.shape, trained_on)]
-    for what, here, there in pairs:
-        if tuple(here) != tuple(there):
-            raise UsageError(f"{changed}: the task's {what} has size {tuple(here)}, the policy's {tuple(there)}; leave "
-                             "out the options that change what is observed")
+def check_observation_size(vec, trained_shape, changed: str) -> None:
+    """A UsageError unless the task as `changed` (the --env-kwargs typed) gives the policy an observation of the shape
+    it was trained on (`trained_shape`, the checkpoint's or the exported policy's). The critic's observation may change
+    (randomised dynamics it alone reads): the critic never runs here, and `deployed_policy` builds it as trained."""
+    here = tuple(vec.single_observation_space.shape)
+    if here != tuple(trained_shape):
+        raise UsageError(f"{changed}: the task's observation has size {here}, the policy's {tuple(trained_shape)}; "
+                         "leave out the options that change what the policy observes")
 
 
 EVAL_SEED_OFFSET = 10_000  # evaluation envs' seeds: args.seed + this, a seed the training envs never take
@@ -1909,8 +1908,11 @@ def run_episodes(policy, vec, episodes: int, seed: int, video: str | None = None
 
 
 def deployed_policy(args: Args, vec, checkpoint: dict, device: torch.device) -> DeployedPolicy:
-    """The checkpoint's policy as a robot runs it (the critic is built, to load the model, but never runs)."""
-    agent, obs_norm, _ = build_agent(args, vec, device)
+    """The checkpoint's policy as a robot runs it. The critic is built, to load the model, but never runs: it is built
+    for the critic observation it was trained on, which a task changed by --env-kwargs may no longer give."""
+    trained_critic = checkpoint.get("critic_obs_normalizer")  # None: the critic read the policy's observation
+    agent, obs_norm, _ = build_agent(dataclasses.replace(args, privileged_critic=trained_critic is not None), vec,
+                                     device, None if trained_critic is None else tuple(trained_critic["mean"].shape))
     agent.load_state_dict(checkpoint["model"])
     obs_norm.load_state_dict(checkpoint["obs_normalizer"])
     return DeployedPolicy(agent, obs_norm).eval()

@@ -201,21 +201,40 @@ def test_an_evaluation_with_env_kwargs_plays_the_runs_task_changed_by_them(scrip
 
 
 def test_a_changed_task_that_observes_other_sizes_is_refused(script):
-    """Bug: --env-kwargs that change what is observed (a height scan off, a position kept) load the policy anyway:
-    a traceback from load_state_dict, or a policy reading the wrong numbers; or the critic's observation, which must
-    fit too (the critic is built to load the model), left unchecked."""
+    """Bug: --env-kwargs that change what the policy observes (a height scan off, a position kept) load the policy
+    anyway: a traceback from load_state_dict, or a policy reading the wrong numbers."""
     vec = SimpleNamespace(single_observation_space=gym.spaces.Box(-1, 1, (5,)),
                           single_critic_observation_space=gym.spaces.Box(-1, 1, (9,)))
-    check, flag = script.module.check_observation_sizes, "--env-kwargs a 1"
-    check(vec, {"obs_normalizer": {"mean": torch.zeros(5)}, "critic_obs_normalizer": {"mean": torch.zeros(9)}}, flag)
+    check, flag = script.module.check_observation_size, "--env-kwargs a 1"
+    check(vec, torch.Size([5]), flag)
     check(vec, (5,), flag)
     with pytest.raises(script.module.UsageError, match=re.escape(
-            "--env-kwargs a 1: the task's critic observation has size (9,), the policy's (7,); leave out")):
-        check(vec, {"obs_normalizer": {"mean": torch.zeros(5)}, "critic_obs_normalizer": {"mean": torch.zeros(7)}},
-              flag)
-    with pytest.raises(script.module.UsageError,
-                       match=re.escape("the task's observation has size (5,), the policy's (4,)")):
-        check(vec, {"obs_normalizer": {"mean": torch.zeros(4)}}, flag)
+            "--env-kwargs a 1: the task's observation has size (5,), the policy's (4,); leave out")):
+        check(vec, torch.Size([4]), flag)
     with pytest.raises(script.module.UsageError,
                        match=re.escape("the task's observation has size (5,), the policy's (6,)")):
         check(vec, (6,), flag)
+
+
+def test_a_changed_task_whose_critic_observes_otherwise_plays_the_same_policy(script, in_tmp):
+    """Bug: the critic, built only to load the model, is built for the changed task's critic observation: a
+    --privileged-critic run trained without randomised dynamics cannot be played with them (load_state_dict's size
+    mismatch), nor on a task that offers the critic nothing of its own, nor a run whose task offered it nothing on
+    one that does."""
+    cpu = torch.device("cpu")
+    for env_id, critic_spaces in (("PendulumNoVel-v1", (gym.spaces.Box(-1, 1, (5,)), None)),
+                                  ("Pendulum-v1", (gym.spaces.Box(-1, 1, (5,)),))):
+        summary = script.module.train(script.args(env_id=env_id, privileged_critic=True, exp_name=env_id))
+        checkpoint = script.module.load_checkpoint(summary["checkpoint"], "--eval-checkpoint")
+        args = script.module.args_from_checkpoint(checkpoint)
+        vec = script.module.evaluation_envs(args, 4, cpu)
+        try:
+            as_trained = script.module.deployed_policy(args, vec, checkpoint, cpu).state_dict()
+            for critic_space in critic_spaces:
+                changed = SimpleNamespace(single_observation_space=vec.single_observation_space,
+                                          single_action_space=vec.single_action_space,
+                                          single_critic_observation_space=critic_space)
+                policy = script.module.deployed_policy(args, changed, checkpoint, cpu)
+                assert_same_model(policy.state_dict(), as_trained)
+        finally:
+            vec.close()
