@@ -869,3 +869,55 @@ def test_memory_probe_measures_the_scripts_deployed_memories_and_refuses_a_memor
         memory_probe.main(memory_probe.Args(run_dirs=(run_dirs[2],)))
     with pytest.raises(SystemExit, match=r"--from-step 11: give a step from 0 to --steps - 2 \(10\)"):
         memory_probe.main(memory_probe.Args(run_dirs=(run_dirs[0],), from_step=11, steps=12))
+
+
+class ScriptedEnvs:
+    """Three envs whose one reward term at step t (from 0) is env i's (i + 1) * (t + 1); env 1's first episode ends
+    (terminated) at its step 1, the others' (truncated) at step 3; the observation is the step count."""
+
+    num_envs = 3
+
+    def reset(self, seed):
+        self.t = 0
+        return torch.zeros(3, 1), {}
+
+    def step(self, action):
+        terms = {"term": torch.tensor([1.0, 2.0, 3.0]) * (self.t + 1)}
+        terminated = torch.tensor([False, self.t == 1, False])
+        truncated = torch.full((3,), self.t == 3)
+        self.t += 1
+        return torch.full((3, 1), float(self.t)), None, terminated, truncated, {"reward_terms": terms}
+
+
+class ObservationAsAction(torch.nn.Module):
+    """A stand-in deployed policy without memory: the action is the observation, twice (a norm of 2 obs)."""
+
+    def initial_memory(self, batch, device):
+        return []
+
+    def forward(self, obs):
+        return (torch.cat([obs, obs], -1),)
+
+
+def test_episode_trace_averages_each_step_over_the_episodes_still_running():
+    """Bugs: an env's next episode counted after its first ended (its later steps averaged in), an episode's last step
+    left out, the steps averaged over every env rather than the episodes running, the action's norm taken at the
+    wrong step, or steps traced after every episode ended."""
+    from benchmarks import episode_trace
+
+    trace = episode_trace.trace_episodes(ObservationAsAction(), ScriptedEnvs(), steps=6, seed=0)
+    assert trace["running"].tolist() == [3, 3, 2, 2]
+    assert trace["term"].tolist() == pytest.approx([2.0, 4.0, 12.0 / 2, 16.0 / 2])  # env 1's 2, 4, then no more
+    assert trace[episode_trace.ACTION].tolist() == pytest.approx([0.0, 2 ** 0.5, 2 * 2 ** 0.5, 3 * 2 ** 0.5])
+
+
+def test_episode_trace_refuses_a_task_without_reward_terms(in_tmp):
+    """Bug: a Gymnasium task's run (no info["reward_terms"]) ends in a KeyError traceback, or in an empty table."""
+    from conftest import script_named
+
+    from benchmarks import episode_trace
+
+    script = script_named("ppo_continuous")
+    summary = script.module.train(script.args())
+    with pytest.raises(SystemExit, match=r"--run-dirs .*: its task's envs report no reward terms"):
+        episode_trace.main(episode_trace.Args(run_dirs=(os.path.dirname(summary["checkpoint"]),), steps=5, envs=2))
