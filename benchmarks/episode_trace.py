@@ -15,7 +15,9 @@ scripts' --eval-checkpoint does (on top of each run's own options; the policy's 
 
 On the Panda reach tasks the distance term is minus the fingertip's distance to the target (m) and the success bonus
 +0.5 at each step inside the 2-cm ball: when a policy gets to the target, and whether it stays there. The arm's
-action moves the joint-position command, so an action of zero holds the arm where it is.
+action moves the joint-position command, so an action of zero keeps the command where it is: with --hold-from N the
+envs get zeros from step N on, and the trace after N is how the episode would end had the policy stopped commanding
+there (the arm settles at its last command, which may lie ahead of where the arm was).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class Args:
     """steps of each episode followed (the episodes that end sooner drop out of the later steps' means)"""
     envs: int = 64
     """episodes followed (one per env: the evaluation's first episodes)"""
+    hold_from: int | None = None
+    """from this step on the envs get zeros in place of the policy's action (the arm tasks: the joint command held)"""
     at: tuple[int, ...] = (0, 5, 10, 20, 40, 60, 80, 99)
     """the steps tabulated in the Markdown file (the plot has them all)"""
     env_kwargs: dict[str, int | float | bool | str] | None = None
@@ -51,9 +55,10 @@ class Args:
     """write <out>.md and <out>.png"""
 
 
-def trace_episodes(policy, vec, steps: int, seed: int) -> dict[str, torch.Tensor]:
+def trace_episodes(policy, vec, steps: int, seed: int, hold_from: int | None = None) -> dict[str, torch.Tensor]:
     """`policy` (a DeployedPolicy: obs, *memory -> action, *memory) playing `vec`'s first episodes from a reset with
-    `seed`, for up to `steps` steps. Returns each reward term's mean over the episodes still running at each step, the
+    `seed`, for up to `steps` steps; from step `hold_from` on (if given) the envs get zeros in place of its action.
+    Returns each reward term's mean over the episodes still running at each step, the
     action's norm (ACTION) likewise, and "running", how many those were: each a (steps,) tensor; a step after every
     episode ended is not returned."""
     obs, _ = vec.reset(seed=seed)
@@ -61,8 +66,10 @@ def trace_episodes(policy, vec, steps: int, seed: int) -> dict[str, torch.Tensor
     running = torch.ones(vec.num_envs, dtype=torch.bool, device=obs.device)
     sums: dict[str, list[torch.Tensor]] = {}
     with torch.inference_mode():
-        for _ in range(steps):
+        for step in range(steps):
             action, *memory = policy(obs, *memory)
+            if hold_from is not None and step >= hold_from:
+                action = torch.zeros_like(action)
             obs, _, terminated, truncated, info = vec.step(action)
             if "reward_terms" not in info:
                 raise ValueError("its task's envs report no reward terms (info['reward_terms']); give a run of one "
@@ -98,7 +105,7 @@ def trace_run(run_dir: str, args: Args) -> dict:
         except script.UsageError as error:
             raise ValueError(str(error)) from None
         policy = script.deployed_policy(run_args, vec, checkpoint, device)
-        trace = trace_episodes(policy, vec, args.steps, run_args.seed + script.EVAL_SEED_OFFSET)
+        trace = trace_episodes(policy, vec, args.steps, run_args.seed + script.EVAL_SEED_OFFSET, args.hold_from)
     finally:
         vec.close()
     return {"script": script_of(checkpoint["args"]), "env_id": run_args.env_id, "env_kwargs": run_args.env_kwargs,

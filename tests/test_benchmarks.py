@@ -902,13 +902,15 @@ class ObservationAsAction(torch.nn.Module):
 def test_episode_trace_averages_each_step_over_the_episodes_still_running():
     """Bugs: an env's next episode counted after its first ended (its later steps averaged in), an episode's last step
     left out, the steps averaged over every env rather than the episodes running, the action's norm taken at the
-    wrong step, or steps traced after every episode ended."""
+    wrong step, steps traced after every episode ended, or --hold-from's zeros sent a step late (or not at all)."""
     from benchmarks import episode_trace
 
     trace = episode_trace.trace_episodes(ObservationAsAction(), ScriptedEnvs(), steps=6, seed=0)
     assert trace["running"].tolist() == [3, 3, 2, 2]
     assert trace["term"].tolist() == pytest.approx([2.0, 4.0, 12.0 / 2, 16.0 / 2])  # env 1's 2, 4, then no more
     assert trace[episode_trace.ACTION].tolist() == pytest.approx([0.0, 2 ** 0.5, 2 * 2 ** 0.5, 3 * 2 ** 0.5])
+    held = episode_trace.trace_episodes(ObservationAsAction(), ScriptedEnvs(), steps=6, seed=0, hold_from=2)
+    assert held[episode_trace.ACTION].tolist() == pytest.approx([0.0, 2 ** 0.5, 0.0, 0.0])  # zeros from step 2 on
 
 
 def test_episode_trace_refuses_a_task_without_reward_terms(in_tmp):
