@@ -119,14 +119,18 @@ def plot(traces: dict[str, dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     names = [name for name in next(iter(traces.values()))["trace"] if name != "running"]
-    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.4), squeeze=False)
-    for ax, name in zip(axes[0], names):
+    rows = (len(names) + 3) // 3  # three panels a row, and one more for the legend
+    fig, axes = plt.subplots(rows, 3, figsize=(13, 3.4 * rows), squeeze=False)
+    panels = axes.flatten()
+    for ax, name in zip(panels, names):
         for run, result in traces.items():
             ax.plot(result["trace"][name], label=run, lw=1.2)
         ax.set_title(name)
         ax.set_xlabel("step of the episode")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=6)
+    panels[len(names)].legend(*panels[0].get_legend_handles_labels(), loc="center", fontsize=7, frameon=False)
+    for ax in panels[len(names):]:
+        ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

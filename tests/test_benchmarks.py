@@ -899,7 +899,7 @@ class ObservationAsAction(torch.nn.Module):
         return (torch.cat([obs, obs], -1),)
 
 
-def test_episode_trace_averages_each_step_over_the_episodes_still_running():
+def test_episode_trace_averages_each_step_over_the_episodes_still_running(tmp_path):
     """Bugs: an env's next episode counted after its first ended (its later steps averaged in), an episode's last step
     left out, the steps averaged over every env rather than the episodes running, the action's norm taken at the
     wrong step, steps traced after every episode ended, or --hold-from's zeros sent a step late (or not at all)."""
@@ -911,6 +911,9 @@ def test_episode_trace_averages_each_step_over_the_episodes_still_running():
     assert trace[episode_trace.ACTION].tolist() == pytest.approx([0.0, 2 ** 0.5, 2 * 2 ** 0.5, 3 * 2 ** 0.5])
     held = episode_trace.trace_episodes(ObservationAsAction(), ScriptedEnvs(), steps=6, seed=0, hold_from=2)
     assert held[episode_trace.ACTION].tolist() == pytest.approx([0.0, 2 ** 0.5, 0.0, 0.0])  # zeros from step 2 on
+    path = os.path.join(tmp_path, "trace.png")
+    episode_trace.plot({"run": {"trace": {name: values.tolist() for name, values in trace.items()}}}, path)
+    assert os.path.getsize(path) > 0
 
 
 def test_episode_trace_refuses_a_task_without_reward_terms(in_tmp):
