@@ -156,7 +156,7 @@ def main(args: Args) -> str:
         trace = result["trace"]
         at = [step for step in args.at if step < len(trace["running"])]
         names = [name for name in trace if name != "running"]
-        options = f", {result['env_id']} options {result['env_kwargs']}" if result["env_kwargs"] else ""
+        options = f", options {result['env_kwargs']}" if result["env_kwargs"] else ""
         lines += ["", f"**{run}** ({result['script']}, {result['env_id']}{options})", "",
                   f"| step | {' | '.join(names)} | episodes |", "|---:|" + "---:|" * (len(names) + 1)]
         lines += [f"| {step} | {' | '.join(f'{trace[name][step]:.4g}' for name in names)} | "

@@ -5,8 +5,8 @@
         --exp-names pushmem pushmem_recurrent pushmem_transformer --stem frankapushcuberandom_bins
 
 Each run's last periodic checkpoint is evaluated by its own script's evaluate() (mean action, frozen normaliser,
-fresh episodes) once per bin, with the task's randomisation ranges narrowed to that bin: the checkpoint's env
-kwargs are overridden in a temporary copy beside it, the checkpoint itself is left as it is. A memoryless policy
+fresh episodes) once per bin, with the task's randomisation ranges narrowed to that bin (its `env_kwargs`, as
+`--eval-checkpoint ... --env-kwargs` takes them: on top of the run's own options). A memoryless policy
 has to act the same whatever the hidden parameters are; one with memory can adapt, so its gain should show in
 the bins far from the average. Writes <stem>.md (success at the end / at any step, per bin, mean ± std over seeds);
 results are cached in the run directories (eval_bins_<episodes>.json).
@@ -56,21 +56,15 @@ class Args:
     """file name of the table"""
 
 
-def evaluate_with_env_kwargs(module, checkpoint: dict, run_dir: str, env_kwargs: dict, episodes: int,
+def evaluate_with_env_kwargs(module, checkpoint_path: str, step: int, env_kwargs: dict, episodes: int,
                              capture_video: bool = False) -> dict:
-    """The script's evaluate() of `checkpoint` with `env_kwargs` over its own, from a temporary copy in `run_dir`
-    (removed after; the run's checkpoints are left as they are), with the checkpoint's step. `capture_video`: env 0's
-    first episode to `run_dir`/videos/eval.mp4."""
-    saved = checkpoint["args"]
-    changed = dict(checkpoint, args=dict(saved, env_kwargs={**(saved.get("env_kwargs") or {}), **env_kwargs}))
-    temporary = os.path.join(run_dir, "eval_kwargs_checkpoint.pt")
-    torch.save(changed, temporary)
-    try:
-        result = module.evaluate(temporary, episodes=episodes, capture_video=capture_video, device="cpu",
-                                 sim_device="cpu")
-    finally:
-        os.remove(temporary)
-    return dict(result, step=checkpoint["global_step"])
+    """The script's evaluate() of the checkpoint at `checkpoint_path` (written at `step`) with `env_kwargs` on top of
+    its run's own options (ranges as tuples, as the command line gives them), with the step. `capture_video`: env 0's
+    first episode to the run's videos/eval.mp4."""
+    env_kwargs = {key: tuple(value) if isinstance(value, list) else value for key, value in env_kwargs.items()}
+    result = module.evaluate(checkpoint_path, episodes=episodes, capture_video=capture_video, device="cpu",
+                             sim_device="cpu", env_kwargs=env_kwargs)
+    return dict(result, step=step)
 
 
 def evaluate_bins(run_dir: str, module, bins: dict[str, dict], episodes: int) -> dict[str, dict]:
@@ -87,7 +81,8 @@ def evaluate_bins(run_dir: str, module, bins: dict[str, dict], episodes: int) ->
     for name, env_kwargs in bins.items():
         if name in results:
             continue
-        results[name] = evaluate_with_env_kwargs(module, checkpoint, run_dir, env_kwargs, episodes)
+        results[name] = evaluate_with_env_kwargs(module, checkpoint_path, checkpoint["global_step"], env_kwargs,
+                                                 episodes)
         with open(cache_path + ".tmp", "w") as f:
             json.dump(cache, f)
         os.replace(cache_path + ".tmp", cache_path)

@@ -104,7 +104,7 @@ def evaluate_levels(run_dir: str, module, levels: tuple[int, ...], episodes_per_
     for level in levels:
         if str(level) in results:
             continue
-        results[str(level)] = evaluate_with_env_kwargs(module, checkpoint, run_dir,
+        results[str(level)] = evaluate_with_env_kwargs(module, checkpoint_path, checkpoint["global_step"],
                                                        dict(curriculum=False, start_level=level), episodes)
         with open(cache_path + ".tmp", "w") as f:
             json.dump(cache, f)
@@ -115,9 +115,10 @@ def evaluate_levels(run_dir: str, module, levels: tuple[int, ...], episodes_per_
 def record_video(run_dir: str, module, terrain_type: str, level: int) -> str:
     """One evaluation episode of the run's last periodic checkpoint on a field of `terrain_type` alone at `level`
     (env 0 is the recorded one, and env i plays type i mod types); returns the video's path."""
-    _, checkpoint = last_checkpoint(run_dir)
+    checkpoint_path, checkpoint = last_checkpoint(run_dir)
     env_kwargs = dict(terrain_types=[terrain_type], curriculum=False, start_level=level)
-    evaluate_with_env_kwargs(module, checkpoint, run_dir, env_kwargs, episodes=1, capture_video=True)
+    evaluate_with_env_kwargs(module, checkpoint_path, checkpoint["global_step"], env_kwargs, episodes=1,
+                             capture_video=True)
     path = os.path.join(run_dir, "videos", f"{terrain_type}_level{level}.mp4")
     os.replace(os.path.join(run_dir, "videos", "eval.mp4"), path)
     return path

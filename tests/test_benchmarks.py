@@ -252,23 +252,23 @@ def test_eval_compare_reports_the_quadrupeds_tracking_errors_and_falls_not_only_
 
 def test_eval_bins_evaluates_each_runs_last_checkpoint_with_each_bins_ranges_and_leaves_it_unchanged(tmp_path,
                                                                                                    monkeypatch):
-    """Bugs: a bin's ranges never reaching the evaluated checkpoint (every bin the same, the memory effect invisible),
-    the run's own checkpoint overwritten with the narrowed ranges, an earlier checkpoint than the last, the temporary
-    copy left beside the run, or every bin evaluated again on a rerun."""
+    """Bugs: a bin's ranges never reaching the evaluation (every bin the same, the memory effect invisible), replacing
+    the run's own options rather than going on top of them, the run's checkpoint overwritten, an earlier checkpoint
+    than the last, anything left beside the run but its cache, or every bin evaluated again on a rerun."""
     import torch
 
     from benchmarks import eval_bins
 
     evaluated = []
 
-    class FakeScript:  # success = the bin's lower mass bound + seed / 100; the checkpoint's step as return
+    class FakeScript:  # success = the bin's lower mass bound + seed / 100 + the run's own option / 1000
         @staticmethod
-        def evaluate(path, episodes, capture_video, device, sim_device):
+        def evaluate(path, episodes, capture_video, device, sim_device, env_kwargs):
             checkpoint = torch.load(path)
             evaluated.append(path)
-            seed = int(path.split("__")[-2])
+            seed, kwargs = int(path.split("__")[-2]), {**checkpoint["args"]["env_kwargs"], **env_kwargs}
             return {"episodes": episodes, "mean_return": float(checkpoint["global_step"]),
-                    "success_rate": checkpoint["args"]["env_kwargs"]["mass"][0] + seed / 100}
+                    "success_rate": kwargs["mass"][0] + seed / 100 + kwargs["other"] / 1000}
 
     bins = {"light": {"mass": [0.1, 0.2]}, "heavy": {"mass": [0.5, 1.0]}}
     monkeypatch.setitem(eval_bins.BINS, "Rand-v0", bins)
@@ -281,9 +281,9 @@ def test_eval_bins_evaluates_each_runs_last_checkpoint_with_each_bins_ranges_and
     args = eval_bins.Args(env_id="Rand-v0", exp_names=("push",), episodes=7, runs_dir=str(tmp_path),
                           out_dir=str(tmp_path / "out"), stem="bins")
     text = eval_bins.main(args)
-    # light: 0.1 + seed/100 -> 11%, 12%; heavy: 51%, 52%; both at the last checkpoint's 2,000 steps
-    assert ("| push | ppo_continuous.py | 2 | 2,000 | **11.5% ± 0.5%** (11.0%, 12.0%) "
-            "| **51.5% ± 0.5%** (51.0%, 52.0%) |") in text
+    # light: 0.1 + seed/100 + 3/1000 -> 11.3%, 12.3%; heavy: 51.3%, 52.3%; both at the last checkpoint's 2,000 steps
+    assert ("| push | ppo_continuous.py | 2 | 2,000 | **11.8% ± 0.5%** (11.3%, 12.3%) "
+            "| **51.8% ± 0.5%** (51.3%, 52.3%) |") in text
     assert len(evaluated) == 4
     for run in glob.glob(os.path.join(tmp_path, "Rand-v0__push__*")):
         assert torch.load(os.path.join(run, "checkpoint_000081.pt"))["args"] == saved_args
@@ -423,9 +423,9 @@ def test_terrain_eval_reports_the_curriculums_end_per_type_and_each_level_evalua
 
     class FakeScript:  # falls: the level / 10 on stairs_up, none elsewhere; the error grows with the step
         @staticmethod
-        def evaluate(path, episodes, capture_video, device, sim_device):
+        def evaluate(path, episodes, capture_video, device, sim_device, env_kwargs):
             checkpoint = torch.load(path)
-            kwargs = checkpoint["args"]["env_kwargs"]
+            kwargs = {**checkpoint["args"]["env_kwargs"], **env_kwargs}
             evaluated.append((checkpoint["global_step"], episodes, dict(kwargs)))
             if capture_video:
                 os.makedirs(os.path.join(os.path.dirname(path), "videos"), exist_ok=True)
@@ -467,7 +467,7 @@ def test_terrain_eval_reports_the_curriculums_end_per_type_and_each_level_evalua
     video = os.path.join(run, "videos", "stairs_up_level5.mp4")
     with open(video) as f:
         assert f.read() == "stairs_up"
-    assert evaluated[-1] == (10000, 1, {"decimation": 4, "terrain_types": ["stairs_up"], "curriculum": False,
+    assert evaluated[-1] == (10000, 1, {"decimation": 4, "terrain_types": ("stairs_up",), "curriculum": False,
                                         "start_level": 5})
     assert torch.load(os.path.join(run, "checkpoint_000010.pt"))["args"] == saved_args
     assert os.path.isfile(tmp_path / "out" / "t.png")
