@@ -14,7 +14,8 @@ per run). A task whose envs report no reward terms (Gymnasium's) is refused. --e
 scripts' --eval-checkpoint does (on top of each run's own options; the policy's observation must keep its size).
 
 On the Panda reach tasks the distance term is minus the fingertip's distance to the target (m) and the success bonus
-+0.5 at each step inside the 2-cm ball: when a policy gets to the target, and whether it stays there. The arm's
++0.5 at each step inside the 2-cm ball (its mean is half the share of the episodes inside the ball at that step; at
+the last step, half the success rate): when a policy gets to the target, and whether it stays there. The arm's
 action moves the joint-position command, so an action of zero keeps the command where it is: with --hold-from N the
 envs get zeros from step N on, and the trace after N is how the episode would end had the policy stopped commanding
 there (the arm settles at its last command, which may lie ahead of where the arm was).
@@ -55,33 +56,33 @@ class Args:
     """write <out>.md and <out>.png"""
 
 
+@torch.inference_mode()
 def trace_episodes(policy, vec, steps: int, seed: int, hold_from: int | None = None) -> dict[str, torch.Tensor]:
     """`policy` (a DeployedPolicy: obs, *memory -> action, *memory) playing `vec`'s first episodes from a reset with
     `seed`, for up to `steps` steps; from step `hold_from` on (if given) the envs get zeros in place of its action.
-    Returns each reward term's mean over the episodes still running at each step, the
-    action's norm (ACTION) likewise, and "running", how many those were: each a (steps,) tensor; a step after every
-    episode ended is not returned."""
+    Returns each reward term's mean over the episodes still running at each step, the action's norm (ACTION)
+    likewise, and "running", how many those were: each a (steps,) tensor; a step after every episode ended is not
+    returned."""
     obs, _ = vec.reset(seed=seed)
     memory = policy.initial_memory(vec.num_envs, obs.device)
     running = torch.ones(vec.num_envs, dtype=torch.bool, device=obs.device)
     sums: dict[str, list[torch.Tensor]] = {}
-    with torch.inference_mode():
-        for step in range(steps):
-            action, *memory = policy(obs, *memory)
-            if hold_from is not None and step >= hold_from:
-                action = torch.zeros_like(action)
-            obs, _, terminated, truncated, info = vec.step(action)
-            if "reward_terms" not in info:
-                raise ValueError("its task's envs report no reward terms (info['reward_terms']); give a run of one "
-                                 "that does (the Genesis tasks)")
-            # a step of an episode's counts for it, its last one too; the envs' next episodes count nowhere
-            values = {**info["reward_terms"], ACTION: action.norm(dim=-1)}
-            for name, value in values.items():
-                sums.setdefault(name, []).append((value * running).sum())
-            sums.setdefault("running", []).append(running.sum())
-            running = running & ~(terminated | truncated)
-            if not running.any():
-                break
+    for step in range(steps):
+        action, *memory = policy(obs, *memory)
+        if hold_from is not None and step >= hold_from:
+            action = torch.zeros_like(action)
+        obs, _, terminated, truncated, info = vec.step(action)
+        if "reward_terms" not in info:
+            raise ValueError("its task's envs report no reward terms (info['reward_terms']); give a run of one "
+                             "that does (the Genesis tasks)")
+        # a step of an episode's counts for it, its last one too; the envs' next episodes count nowhere
+        values = {**info["reward_terms"], ACTION: action.norm(dim=-1)}
+        for name, value in values.items():
+            sums.setdefault(name, []).append((value * running).sum())
+        sums.setdefault("running", []).append(running.sum())
+        running = running & ~(terminated | truncated)
+        if not running.any():
+            break
     counts = torch.stack(sums["running"]).float()
     return {name: counts if name == "running" else torch.stack(values).float() / counts
             for name, values in sums.items()}
