@@ -152,7 +152,9 @@ def main(args: Args) -> str:
             raise SystemExit(f"error: --run-dirs {run_dir}: {error}") from None
     lines = [f"Each run's last checkpoint, as deployed (mean action), over the first episodes of {args.envs} "
              "evaluation envs: each reward term (as weighted in the reward) and the action's norm at a step, the mean "
-             "over the episodes still running (`python benchmarks/episode_trace.py`)."]
+             "over the episodes still running (`python benchmarks/episode_trace.py`)."
+             + (f" From step {args.hold_from} on the envs got zeros in place of the policy's action (--hold-from)."
+                if args.hold_from is not None else "")]
     for run, result in traces.items():
         trace = result["trace"]
         at = [step for step in args.at if step < len(trace["running"])]
