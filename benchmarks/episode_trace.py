@@ -11,7 +11,8 @@ steps. Recorded at every step: the task's reward terms as its envs report them (
 training under reward/), weighted as in the reward, and the norm of the action; each averaged over the episodes still
 running at that step. Writes <out>.md (per run, the steps in --at) and <out>.png (each term against the step, a line
 per run). A task whose envs report no reward terms (Gymnasium's) is refused. --env-kwargs changes the task as the
-scripts' --eval-checkpoint does (on top of each run's own options; the policy's observation must keep its size).
+scripts' --eval-checkpoint does (on top of each run's own options; the policy's observation must keep its size), but
+takes no ranges.
 
 On the Panda reach tasks the distance term is minus the fingertip's distance to the target (m) and the success bonus
 +0.5 at each step inside the 2-cm ball (its mean is half the share of the episodes inside the ball at that step; at
@@ -51,7 +52,8 @@ class Args:
     at: tuple[int, ...] = (0, 5, 10, 20, 40, 60, 80, 99)
     """the steps tabulated in the Markdown file (the plot has them all)"""
     env_kwargs: dict[str, int | float | bool | str] | None = None
-    """options on top of each run's own (as the scripts' --eval-checkpoint takes them), e.g. cue_steps 100"""
+    """options on top of each run's own, e.g. cue_steps 100 (numbers, booleans and words; a "low,high" range is not
+    read as one here, as the scripts' --env-kwargs reads it)"""
     out: str | None = None
     """write <out>.md and <out>.png"""
 
