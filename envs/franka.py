@@ -157,6 +157,7 @@ class FrankaReachVecEnv(FrankaArmVecEnv):
         success_bonus: float = 0.5,
         action_rate_weight: float = 0.01,
         joint_velocity_weight: float = 0.001,
+        still_weight: float = 0.0,
         observe_velocities: bool = True,
         max_abs_value: float | None = MAX_ABS_VALUE,
         render_mode: str | None = None,
@@ -178,6 +179,7 @@ class FrankaReachVecEnv(FrankaArmVecEnv):
             "success_bonus": success_bonus,
             "action_rate": action_rate_weight,
             "joint_velocity": joint_velocity_weight,
+            "still": still_weight,
         }
         import genesis as gs
 
@@ -217,6 +219,11 @@ class FrankaReachVecEnv(FrankaArmVecEnv):
             "success_bonus": w["success_bonus"] * self.reached.float(),
             "action_rate": -w["action_rate"] * self.action_rate,
             "joint_velocity": -w["joint_velocity"] * self._joint_velocity_penalty(),
+            # Paid only inside the ball, for coming to rest there: the joint-velocity term charges all motion alike,
+            # and a policy can keep the joints turning at the target. The picking task's `still` term,
+            # 1 - tanh(|q'|) (ManiSkill3's static reward, less steep). Reported only when weighted.
+            **({"still": w["still"] * (1.0 - torch.tanh(self.qd.norm(dim=-1))) * self.reached.float()}
+               if w["still"] else {}),
         }
         return terms, torch.zeros_like(self.reached)  # reaching has no terminal state: the arm must also hold still
 

@@ -144,6 +144,29 @@ def test_reward_terms_are_finite_sum_to_the_reward_and_have_the_documented_signs
     assert (seen["joint_velocity"] <= 0).all() and (seen["joint_velocity"] < 0).any()
 
 
+def test_the_still_term_pays_for_resting_inside_the_ball_only_and_is_off_by_default(batch):
+    """Bugs: `still_weight` not reaching the reward (or not passed through a variant's constructor), the term paid
+    outside the 2-cm ball or growing with speed, or FrankaReach-v0's reward changed by default."""
+    batch.reset(seed=4)
+    assert "still" not in batch.step(torch.zeros(4, 7))[4]["reward_terms"]
+    cue = envs.make("FrankaReachCue-v0", num_envs=4, seed=0, sim_device="cpu", still_weight=0.5)
+    try:
+        cue.reset(seed=1)
+        cue.step(torch.zeros(4, 7))
+        cue.target_pos[:2] = cue.ee_pos[:2]  # two fingertips at their targets, two far from theirs
+        for action in actions(4, 6, seed=3, scale=0.2):
+            action[0] = 0.0  # one arm settling, one moving at its target
+            _, reward, _, _, info = cue.step(action)
+            still = info["reward_terms"]["still"]
+            expected = 0.5 * (1 - torch.tanh(cue.qd.norm(dim=-1))) * cue.reached.float()
+            torch.testing.assert_close(still, expected)
+            torch.testing.assert_close(sum(info["reward_terms"].values()), reward)
+            assert cue.reached[0] and not cue.reached[2:].any() and (still[2:] == 0).all()
+        assert still[0] > still[1] > 0  # at rest pays more than moving
+    finally:
+        cue.close()
+
+
 def test_subset_reset_touches_only_the_masked_envs(batch):
     """Bug: resetting one env moves the others' arms or redraws their targets."""
     batch.reset(seed=5)
