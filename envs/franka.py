@@ -158,6 +158,7 @@ class FrankaReachVecEnv(FrankaArmVecEnv):
         action_rate_weight: float = 0.01,
         joint_velocity_weight: float = 0.001,
         still_weight: float = 0.0,
+        still_speed_scale: float = 1.0,
         observe_velocities: bool = True,
         max_abs_value: float | None = MAX_ABS_VALUE,
         render_mode: str | None = None,
@@ -174,6 +175,7 @@ class FrankaReachVecEnv(FrankaArmVecEnv):
         if not observe_velocities:  # the critic sees FrankaReach-v0's whole observation
             self._offer_critic_observation(FULL_REACH_OBS)
         self.success_threshold = success_threshold
+        self.still_speed_scale = still_speed_scale
         self.weights = {
             "distance": distance_weight,
             "success_bonus": success_bonus,
@@ -221,9 +223,10 @@ class FrankaReachVecEnv(FrankaArmVecEnv):
             "joint_velocity": -w["joint_velocity"] * self._joint_velocity_penalty(),
             # Paid only inside the ball, for coming to rest there: the joint-velocity term charges all motion alike,
             # and a policy can keep the joints turning at the target. The picking task's `still` term,
-            # 1 - tanh(|q'|) (ManiSkill3's static reward, less steep). Reported only when weighted.
-            **({"still": w["still"] * (1.0 - torch.tanh(self.qd.norm(dim=-1))) * self.reached.float()}
-               if w["still"] else {}),
+            # 1 - tanh(k |q'|) (ManiSkill3's static reward has k = 5): the smaller k, the more it pays for slowing
+            # from a higher speed. Reported only when weighted.
+            **({"still": w["still"] * (1.0 - torch.tanh(self.still_speed_scale * self.qd.norm(dim=-1)))
+                * self.reached.float()} if w["still"] else {}),
         }
         return terms, torch.zeros_like(self.reached)  # reaching has no terminal state: the arm must also hold still
 

@@ -145,11 +145,13 @@ def test_reward_terms_are_finite_sum_to_the_reward_and_have_the_documented_signs
 
 
 def test_the_still_term_pays_for_resting_inside_the_ball_only_and_is_off_by_default(batch):
-    """Bugs: `still_weight` not reaching the reward (or not passed through a variant's constructor), the term paid
-    outside the 2-cm ball or growing with speed, or FrankaReach-v0's reward changed by default."""
+    """Bugs: `still_weight` or `still_speed_scale` not reaching the reward (or not passed through a variant's
+    constructor), the term paid outside the 2-cm ball or growing with speed, or FrankaReach-v0's reward changed by
+    default."""
     batch.reset(seed=4)
     assert "still" not in batch.step(torch.zeros(4, 7))[4]["reward_terms"]
-    cue = envs.make("FrankaReachCue-v0", num_envs=4, seed=0, sim_device="cpu", still_weight=0.5)
+    cue = envs.make("FrankaReachCue-v0", num_envs=4, seed=0, sim_device="cpu", still_weight=0.5,
+                    still_speed_scale=0.3)
     try:
         cue.reset(seed=1)
         cue.step(torch.zeros(4, 7))
@@ -158,7 +160,7 @@ def test_the_still_term_pays_for_resting_inside_the_ball_only_and_is_off_by_defa
             action[0] = 0.0  # one arm settling, one moving at its target
             _, reward, _, _, info = cue.step(action)
             still = info["reward_terms"]["still"]
-            expected = 0.5 * (1 - torch.tanh(cue.qd.norm(dim=-1))) * cue.reached.float()
+            expected = 0.5 * (1 - torch.tanh(0.3 * cue.qd.norm(dim=-1))) * cue.reached.float()
             torch.testing.assert_close(still, expected)
             torch.testing.assert_close(sum(info["reward_terms"].values()), reward)
             assert cue.reached[0] and not cue.reached[2:].any() and (still[2:] == 0).all()
