@@ -8,7 +8,7 @@ action, at every step of the evaluation's first episodes.
 Each run's last checkpoint (checkpoint.pt), as deployed (its script's DeployedPolicy: the frozen normaliser, the mean
 action), plays --envs episodes of its task, the evaluation's (its seed, first episodes not staggered), for --steps
 steps. Recorded at every step: the task's reward terms as its envs report them (`info["reward_terms"]`, logged in
-training under reward/), weighted as in the reward, and the norm of the action; each averaged over the episodes still
+training under reward_terms/), weighted as in the reward, and the norm of the action; each averaged over the episodes still
 running at that step. Writes <out>.md (per run, the steps in --at) and <out>.png (each term against the step, a line
 per run). A task whose envs report no reward terms (Gymnasium's) is refused. --env-kwargs changes the task as the
 scripts' --eval-checkpoint does (on top of each run's own options; the policy's observation must keep its size), but
@@ -121,17 +121,20 @@ def plot(traces: dict[str, dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [name for name in next(iter(traces.values()))["trace"] if name != "running"]
+    # every run's terms, in order of first appearance: runs of one task with other weights report other terms
+    names = list(dict.fromkeys(name for result in traces.values() for name in result["trace"] if name != "running"))
     rows = (len(names) + 3) // 3  # three panels a row, and one more for the legend
     fig, axes = plt.subplots(rows, 3, figsize=(13, 3.4 * rows), squeeze=False)
     panels = axes.flatten()
     for ax, name in zip(panels, names):
-        for run, result in traces.items():
-            ax.plot(result["trace"][name], label=run, lw=1.2)
+        for index, (run, result) in enumerate(traces.items()):
+            if name in result["trace"]:  # the colour stays the run's in every panel
+                ax.plot(result["trace"][name], label=run, lw=1.2, color=f"C{index % 10}")
         ax.set_title(name)
         ax.set_xlabel("step of the episode")
         ax.grid(alpha=0.3)
-    panels[len(names)].legend(*panels[0].get_legend_handles_labels(), loc="center", fontsize=7, frameon=False)
+    handles = {label: handle for ax in panels[:len(names)] for handle, label in zip(*ax.get_legend_handles_labels())}
+    panels[len(names)].legend(handles.values(), handles.keys(), loc="center", fontsize=7, frameon=False)
     for ax in panels[len(names):]:
         ax.axis("off")
     fig.tight_layout()

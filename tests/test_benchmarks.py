@@ -916,6 +916,19 @@ def test_episode_trace_averages_each_step_over_the_episodes_still_running(tmp_pa
     assert os.path.getsize(path) > 0
 
 
+def test_episode_trace_plots_runs_whose_tasks_report_different_terms(tmp_path, monkeypatch):
+    """Bug: the plot's panels taken from the first run's terms alone, so a run of the same task with a term the
+    first lacks (the reach tasks' `still`, weighted) fails with a KeyError, or its term is never drawn."""
+    from benchmarks import episode_trace
+
+    drawn = []
+    monkeypatch.setattr("matplotlib.axes.Axes.set_title", lambda ax, title, *a, **k: drawn.append(title))
+    trace = {"term": [1.0, 2.0], episode_trace.ACTION: [0.5, 0.5], "running": [3, 3]}
+    episode_trace.plot({"plain": {"trace": trace}, "with still": {"trace": {**trace, "still": [0.1, 0.2]}}},
+                       os.path.join(tmp_path, "trace.png"))
+    assert drawn == ["term", episode_trace.ACTION, "still"]
+
+
 def test_episode_trace_refuses_a_task_without_reward_terms(in_tmp):
     """Bug: a Gymnasium task's run (no info["reward_terms"]) ends in a KeyError traceback, or in an empty table."""
     from conftest import script_named
