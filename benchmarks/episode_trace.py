@@ -9,8 +9,8 @@ Each run's last checkpoint (checkpoint.pt), as deployed (its script's DeployedPo
 action), plays --envs episodes of its task, the evaluation's (its seed, first episodes not staggered), for --steps
 steps. Recorded at every step: the task's reward terms as its envs report them (`info["reward_terms"]`, logged in
 training under reward_terms/), weighted as in the reward, and the norm of the action; each averaged over the episodes
-still running at that step. Writes <out>.md (per run, the steps in --at) and <out>.png (each term against the step, a line
-per run). A task whose envs report no reward terms (Gymnasium's) is refused. --env-kwargs changes the task as the
+still running at that step. Writes <out>.md (per run, the steps in --at) and <out>.png (each term against the step,
+a line per run). A task whose envs report no reward terms (Gymnasium's) is refused. --env-kwargs changes the task as the
 scripts' --eval-checkpoint does (on top of each run's own options; the policy's observation must keep its size), but
 takes no ranges.
 
