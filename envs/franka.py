@@ -165,6 +165,8 @@ class FrankaReachVecEnv(FrankaArmVecEnv):
     ):
         if not success_threshold > 0:
             raise ValueError(f"success_threshold must be positive, got {success_threshold!r}")
+        if not still_speed_scale > 0:  # 0 pays a flat bonus inside the ball, a negative scale pays for speed
+            raise ValueError(f"still_speed_scale must be positive, got {still_speed_scale!r}")
         # FrankaReachNoVel-v0 drops the joint and end-effector velocities: a policy must infer them from memory.
         self.observe_velocities = observe_velocities
         obs_dim = FULL_REACH_OBS + self.EXTRA_OBS

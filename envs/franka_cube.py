@@ -342,6 +342,8 @@ class FrankaPickCubeVecEnv(FrankaGraspVecEnv):
         render_mode: str | None = None,
     ):
         check_ranges(goal_height_range=goal_height_range)
+        if not still_speed_scale > 0:  # 0 pays a flat bonus at the goal, a negative scale pays for speed
+            raise ValueError(f"still_speed_scale must be positive, got {still_speed_scale!r}")
         self.goal_threshold, self.still_threshold = goal_threshold, still_threshold
         self.still_speed_scale = still_speed_scale
         self.weights = {"reach": reach_weight, "grasp": grasp_weight, "place": place_weight,

@@ -408,9 +408,11 @@ def test_the_stack_stages_reach_the_logs_and_the_evaluation_report(script, in_tm
 
 @pytest.mark.parametrize("env_id,kwargs,match", [
     ("FrankaReachCue-v0", {"cue_steps": 0}, "cue_steps"),
+    ("FrankaReachCue-v0", {"still_speed_scale": -0.3}, "still_speed_scale must be positive"),
     ("FrankaReachCue-v0", {"cue_step": 3}, "no option 'cue_step'; its options are: .*cue_steps.*success_threshold"),
     ("FrankaPushCube-v0", {"goal_radius": 0.0}, "goal_radius"),
     ("FrankaPickCube-v0", {"decimation": 0}, "decimation"),
+    ("FrankaPickCube-v0", {"still_speed_scale": 0.0}, "still_speed_scale must be positive"),
     ("FrankaStackCube-v0", {"cube_area_half_size": (0.05, 0.2)}, "cube_area_half_size"),
     ("FrankaPickCube-v0", {"cube_x_range": (0.6, 0.4)}, r"cube_x_range must be \(low, high\) with low <= high"),
     ("FrankaPickCube-v0", {"goal_height_range": (0.3, 0.05)}, "goal_height_range"),
