@@ -754,18 +754,23 @@ def test_stack_reward_is_maniskills_staged_reward_normalised_and_its_terms_add_u
 def test_a_scripted_stack_climbs_every_stage_and_is_solved(scenes):
     """Bug: a task no policy can solve (A cannot be grasped, carried or let go of on B with the task's gains, or the
     stages never fire), or a reward that does not rise stage by stage. The arm follows Genesis's inverse kinematics
-    above A, down, closes, carries A above B, lowers it, opens, and lifts away (100 steps, the task's own actions)."""
+    above A, down, closes, carries A above B, settles it 2 cm over B, lowers it, opens, and lifts away (100 steps,
+    the task's own actions)."""
     import genesis as gs
 
     stack = envs.make("FrankaStackCube-v0", num_envs=4, seed=34, max_episode_steps=100, **CPU)
     stack.reset()
     down = torch.tensor((0.0, 1.0, 0.0, 0.0), device=gs.device).expand(4, 4)
     above = torch.tensor((0.0, 0.0, 0.08))
+    # A hovers 2 cm over B before it is lowered: lowered straight from 8 cm, A arrives tilted and off-centre on some
+    # CPUs' rounding and tumbles off B when let go.
+    hover = torch.tensor((0.0, 0.0, 0.02))
     best_reward = {}
     for step in range(100):
         a, top_of_b, held_offset = stack.cube_pos, stack.goal_pos, stack.ee_pos - stack.cube_pos
         target, gripper = ((a + above, 1.0) if step < 15 else (a, 1.0) if step < 25 else (a, -1.0) if step < 30
-                           else (top_of_b + above + held_offset, -1.0) if step < 55
+                           else (top_of_b + above + held_offset, -1.0) if step < 50
+                           else (top_of_b + held_offset + hover, -1.0) if step < 58
                            else (top_of_b + held_offset + torch.tensor((0.0, 0.0, 0.002)), -1.0) if step < 70
                            else (stack.ee_pos, 1.0) if step < 76 else (a + torch.tensor((0.0, 0.0, 0.1)), 1.0))
         q = stack.robot.inverse_kinematics(link=stack.hand, pos=target, quat=down, local_point=TCP_OFFSET)
