@@ -1224,7 +1224,8 @@ def restore(checkpoint: dict | None, rank: int, vec, stateful: dict, own_statefu
 def warm_start(initial: dict, args: Args, stateful: dict) -> None:
     """--init-from: the network and observation normalisers of another run's checkpoint, as rsl_rl and legged_gym
     load a trained policy into a new run (a curriculum by hand, a task changed under the same observations). The
-    optimizer starts afresh, as do the counters and the reward scaler. A UsageError if the two do not fit; the flags
+    optimizer starts afresh, as do the counters and the reward scaler; the action's bounds are this run's task's (a
+    tighter limit trains the policy within it). A UsageError if the two do not fit; the flags
     that differ from that run's are listed (a network flag that changes no shape, --num-heads or --activation, loads
     without complaint and computes something else)."""
     def shape(state: dict, name: str) -> str:
@@ -1240,6 +1241,8 @@ def warm_start(initial: dict, args: Args, stateful: dict) -> None:
             raise UsageError(f"--init-from {args.init_from}: its network does not fit this run's "
                              f"({'; '.join(differ[:3])}); give the network's and the task's flags of the run it comes "
                              "from (its args.json)")
+        if key == "model":  # the action's bounds are the task's, not learnt: this run's own (another --env-kwargs)
+            there = {**there, "action_low": here["action_low"], "action_high": here["action_high"]}
         obj.load_state_dict(there)
     source = args_from_checkpoint(initial)
     not_flags = ("resume", "init_from", "world_size", "batch_size", "minibatch_size", "num_iterations", "num_sequences")
@@ -1612,7 +1615,7 @@ def evaluate(checkpoint_path: str, episodes: int = 10, capture_video: bool = Fal
     run by onnxruntime alone, prints the result as JSON and returns it. The evaluation during training
     (--eval-interval) runs the same episodes: its eval/* logs of an iteration are this of that iteration's checkpoint.
     `env_kwargs` (--env-kwargs) go on top of the run's own: the same policy on a changed task (longer episodes, other
-    terrain), as legged_gym's play.py edits its env config; the policy's observation must keep its size.
+    terrain), as legged_gym's play.py edits its env config; the policy's observation and action must keep their sizes.
     """
     if episodes < 1:
         raise UsageError(f"--eval-episodes must be at least 1, got {episodes}")
@@ -1631,9 +1634,10 @@ def evaluate(checkpoint_path: str, episodes: int = 10, capture_video: bool = Fal
     if env_kwargs:
         changed = "--env-kwargs " + " ".join(f"{key} {','.join(map(str, value)) if isinstance(value, tuple) else value}"
                                              for key, value in env_kwargs.items())
+        trained = ((policy.inputs[0].shape[1:], policy.outputs[0].shape[1]) if exported else
+                   (checkpoint["obs_normalizer"]["mean"].shape, checkpoint["model"]["actor_logstd"].shape[-1]))
         try:
-            check_observation_size(vec, policy.inputs[0].shape[1:] if exported
-                                   else checkpoint["obs_normalizer"]["mean"].shape, changed)
+            check_policy_fits_task(vec, *trained, changed)
         except UsageError:
             vec.close()
             raise
@@ -1649,14 +1653,20 @@ def evaluate(checkpoint_path: str, episodes: int = 10, capture_video: bool = Fal
     return result
 
 
-def check_observation_size(vec, trained_shape, changed: str) -> None:
+def check_policy_fits_task(vec, obs_shape, action_size: int, changed: str) -> None:
     """A UsageError unless the task as `changed` (the --env-kwargs typed) gives the policy an observation of the shape
-    it was trained on (`trained_shape`, the checkpoint's or the exported policy's). The critic's observation may change
-    (randomised dynamics it alone reads): the critic never runs here, and `deployed_policy` builds it as trained."""
+    it was trained on and takes an action of its size (`obs_shape`, `action_size`: the checkpoint's or the exported
+    policy's). The critic's observation may change (randomised dynamics it alone reads): the critic never runs here,
+    and `deployed_policy` builds it as trained. So may the action's bounds (a tighter limit): the policy keeps the
+    bounds it was trained with, as a deployed policy does, and the task applies its own."""
     here = tuple(vec.single_observation_space.shape)
-    if here != tuple(trained_shape):
-        raise UsageError(f"{changed}: the task's observation has size {here}, the policy's {tuple(trained_shape)}; "
+    if here != tuple(obs_shape):
+        raise UsageError(f"{changed}: the task's observation has size {here}, the policy's {tuple(obs_shape)}; "
                          "leave out the options that change what the policy observes")
+    acts = vec.single_action_space.shape[0]
+    if acts != action_size:
+        raise UsageError(f"{changed}: the task's action has size {acts}, the policy's {action_size}; "
+                         "leave out the options that change what the policy controls")
 
 
 EVAL_SEED_OFFSET = 10_000  # evaluation envs' seeds: args.seed + this, a seed the training envs never take
@@ -1745,7 +1755,7 @@ class OnnxPolicy:
             raise UsageError(f"{flag} {path} was not exported by {CHECKPOINT_KIND}.py (script: "
                              f"{metadata.get('script', 'none recorded')}); evaluate it with that script")
         self.args = args_from_checkpoint({"args": json.loads(metadata["args"])})
-        self.inputs = self.session.get_inputs()
+        self.inputs, self.outputs = self.session.get_inputs(), self.session.get_outputs()
 
     def initial_memory(self, batch: int, device: torch.device) -> list[torch.Tensor]:
         return [torch.zeros(batch, *i.shape[1:], dtype=torch.bool if i.type == "tensor(bool)" else torch.float32,

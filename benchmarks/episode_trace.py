@@ -11,8 +11,8 @@ steps. Recorded at every step: the task's reward terms as its envs report them (
 training under reward_terms/), weighted as in the reward, and the norm of the action; each averaged over the episodes
 still running at that step. Writes <out>.md (per run, the steps in --at) and <out>.png (each term against the step,
 a line per run). A task whose envs report no reward terms (Gymnasium's) is refused. --env-kwargs changes the task as the
-scripts' --eval-checkpoint does (on top of each run's own options; the policy's observation must keep its size), but
-takes no ranges.
+scripts' --eval-checkpoint does (on top of each run's own options; the policy's observation and action must keep
+their sizes), but takes no ranges.
 
 On the Panda reach tasks the distance term is minus the fingertip's distance to the target (m) and the success bonus
 +0.5 at each step inside the 2-cm ball (its mean is half the share of the episodes inside the ball at that step; at
@@ -104,7 +104,8 @@ def trace_run(run_dir: str, args: Args) -> dict:
     vec = script.evaluation_envs(run_args, args.envs, device)  # its evaluation's: first episodes not staggered
     try:
         try:
-            script.check_observation_size(vec, checkpoint["obs_normalizer"]["mean"].shape, "--env-kwargs")
+            script.check_policy_fits_task(vec, checkpoint["obs_normalizer"]["mean"].shape,
+                                          checkpoint["model"]["actor_logstd"].shape[-1], "--env-kwargs")
         except script.UsageError as error:
             raise ValueError(str(error)) from None
         policy = script.deployed_policy(run_args, vec, checkpoint, device)

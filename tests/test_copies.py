@@ -31,7 +31,7 @@ PLUMBING = (
     "save_checkpoint", "load_checkpoint", "args_from_checkpoint", "warm_start", "RESUME_MAY_CHANGE", "DEVICE_FLAGS",
     "flags_given", "flags_typed", "resumed_args", "restore", "StopSignal", "open_logs", "step_envs",
     "video_saved", "elapsed_since", "show_progress", "RolloutReports", "write_logs", "Run", "evaluate",
-    "check_observation_size", "EVAL_SEED_OFFSET", "EVAL_NAMES", "evaluation_envs", "run_episodes", "deployed_policy",
+    "check_policy_fits_task", "EVAL_SEED_OFFSET", "EVAL_NAMES", "evaluation_envs", "run_episodes", "deployed_policy",
     "OnnxPolicy", "export_policy", "make_env", "parse_args", "refuse_unused_flags", "print_run_end",
     "cli",
 )

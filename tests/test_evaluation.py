@@ -200,20 +200,26 @@ def test_an_evaluation_with_env_kwargs_plays_the_runs_task_changed_by_them(scrip
     assert exported["mean_return"] == pytest.approx(changed["mean_return"], rel=1e-4)
 
 
-def test_a_changed_task_that_observes_other_sizes_is_refused(script):
-    """Bug: --env-kwargs that change what the policy observes (a height scan off, a position kept) load the policy
-    anyway: a traceback from load_state_dict, or a policy reading the wrong numbers."""
+def test_a_changed_task_that_observes_or_acts_in_other_sizes_is_refused(script):
+    """Bug: --env-kwargs that change what the policy observes (a height scan off, a position kept) or how many
+    actions it gives (another robot's xml_file) load the policy anyway: a traceback from load_state_dict or from the
+    env's step, or a policy reading the wrong numbers. Other action bounds are no refusal (the policy keeps its own)."""
     vec = SimpleNamespace(single_observation_space=gym.spaces.Box(-1, 1, (5,)),
-                          single_critic_observation_space=gym.spaces.Box(-1, 1, (9,)))
-    check, flag = script.module.check_observation_size, "--env-kwargs a 1"
-    check(vec, torch.Size([5]), flag)
-    check(vec, (5,), flag)
+                          single_critic_observation_space=gym.spaces.Box(-1, 1, (9,)),
+                          single_action_space=gym.spaces.Box(-0.5, 0.5, (3,)))
+    check, flag = script.module.check_policy_fits_task, "--env-kwargs a 1"
+    check(vec, torch.Size([5]), 3, flag)
+    check(vec, (5,), 3, flag)
     with pytest.raises(script.module.UsageError, match=re.escape(
             "--env-kwargs a 1: the task's observation has size (5,), the policy's (4,); leave out")):
-        check(vec, torch.Size([4]), flag)
+        check(vec, torch.Size([4]), 3, flag)
     with pytest.raises(script.module.UsageError,
                        match=re.escape("the task's observation has size (5,), the policy's (6,)")):
-        check(vec, (6,), flag)
+        check(vec, (6,), 3, flag)
+    with pytest.raises(script.module.UsageError, match=re.escape(
+            "--env-kwargs a 1: the task's action has size 3, the policy's 2; leave out the options that change what "
+            "the policy controls")):
+        check(vec, (5,), 2, flag)
 
 
 def test_a_changed_task_whose_critic_observes_otherwise_plays_the_same_policy(script, in_tmp):

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 
+import gymnasium.envs.mujoco
 import numpy as np
 import pytest
 import torch
@@ -758,6 +759,21 @@ def test_a_warm_start_takes_the_network_and_normalisers_and_nothing_else(variant
     warm_steps, cold_steps = ([p["step"].item() for p in state["optimizer"]["state"].values()]
                               for state in (warm_state, cold_state))
     assert warm_steps == cold_steps
+
+
+def test_a_warm_start_onto_a_task_with_other_action_bounds_acts_within_this_tasks(script, in_tmp):
+    """Bug: --init-from loads the source run's action bounds with its network (they are buffers of the model): a run
+    on a task whose actions are limited otherwise (--env-kwargs: the Go2's clip_actions, another xml_file) clips or
+    squashes its actions to the old limits, and its checkpoints and exported policy carry them."""
+    assets = os.path.join(os.path.dirname(gymnasium.envs.mujoco.__file__), "assets")
+    with open(os.path.join(assets, "inverted_pendulum.xml")) as f:  # its motor's ctrlrange is -3 3
+        (in_tmp / "narrow.xml").write_text(f.read().replace('ctrlrange="-3 3"', 'ctrlrange="-1 1"'))
+    source = script.module.train(script.args(env_id="InvertedPendulum-v5", seed=2))
+    warm = script.module.train(script.args(env_id="InvertedPendulum-v5", init_from=source["run_dir"],
+                                           env_kwargs={"xml_file": str(in_tmp / "narrow.xml")}))
+    source_model, warm_model = (torch.load(run["checkpoint"], weights_only=True)["model"] for run in (source, warm))
+    assert (source_model["action_low"].tolist(), source_model["action_high"].tolist()) == ([-3.0], [3.0])
+    assert (warm_model["action_low"].tolist(), warm_model["action_high"].tolist()) == ([-1.0], [1.0])
 
 
 def test_a_warm_started_run_resumes_without_its_source(script, in_tmp):

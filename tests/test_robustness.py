@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import gymnasium.envs.mujoco
 import numpy as np
 import pytest
 import torch
@@ -41,6 +42,12 @@ def checkpoints(tmp_path_factory):
             paths[name] = os.path.abspath(script.module.train(args)["checkpoint"])
         args = script_named("ppo_continuous").args(env_id="HalfCheetah-v5", num_envs=1, total_timesteps=64)
         paths["cheetah"] = os.path.abspath(script_named("ppo_continuous").module.train(args)["checkpoint"])
+        paths["cheetah.onnx"], _ = script_named("ppo_continuous").module.export_policy(paths["cheetah"])
+    # HalfCheetah-v5 with its front foot's motor taken off: the same observation, an action of 5 rather than 6
+    with open(os.path.join(os.path.dirname(gymnasium.envs.mujoco.__file__), "assets", "half_cheetah.xml")) as f:
+        cheetah_xml = f.read()
+    (root / "five_motors.xml").write_text(cheetah_xml.replace('<motor gear="30" joint="ffoot" name="ffoot"/>', ""))
+    paths["five_motors.xml"] = str(root / "five_motors.xml")
     data = open(paths["ppo_continuous"], "rb").read()
     for name, content in (("truncated.pt", data[: len(data) // 2]), ("garbage.pt", b"not a checkpoint" * 100),
                           ("garbage.onnx", b"not an onnx model" * 100)):
@@ -149,6 +156,9 @@ CLI_CASES = [
      "--env-kwargs: PendulumNoVel-v1 has no option 'foo'"),
     ("ppo_continuous", ["--eval-checkpoint", "{cheetah}", "--env-kwargs", "exclude_current_positions_from_observation",
                         "False"], "the task's observation has size (18,), the policy's (17,); leave out the options"),
+    *(("ppo_continuous", ["--eval-checkpoint", policy, "--env-kwargs", "xml_file", "{five_motors.xml}"],
+       "the task's action has size 5, the policy's 6; leave out the options that change what the policy controls")
+      for policy in ("{cheetah}", "{cheetah.onnx}")),
     ("ppo_recurrent", ["--export-checkpoint", "{ppo_recurrent}", "--env-kwargs", "g", "9.8"],
      "--env-kwargs does nothing with --export-checkpoint"),
     ("ppo_recurrent", ["--resume", "{ppo_recurrent}", "--total-timesteps", "100000", "--learning-rate", "0.5"],
