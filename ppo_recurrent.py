@@ -1999,6 +1999,11 @@ def export_policy(checkpoint_path: str) -> tuple[str, str]:
 
 
 def make_env(args: Args, num_envs: int, seed: int, device: torch.device, render: bool = False, **overrides):
+    own = [key for key in ("num_envs", "seed", "device", "sim_device", "vectorization_mode", "render_mode")
+           if key in (args.env_kwargs or {})]
+    if own:
+        raise UsageError(f"--env-kwargs {own[0]}: set by the script's own flags (--num-envs, --seed, --cuda, "
+                         "--policy-device, --sim-device, --vectorization-mode, --capture-video); give it there")
     try:
         return envs.make(args.env_id, num_envs=num_envs, seed=seed, device=device, sim_device=args.sim_device,
                          vectorization_mode=args.vectorization_mode, render_mode="rgb_array" if render else None,

@@ -93,8 +93,14 @@ def make(
         spec = gym.spec(env_id)
     except gym.error.Error as error:  # Gymnasium's message suggests close names ("Did you mean: ...")
         raise UnknownTaskError(f"unknown env id {env_id!r}: {error}; docs/tasks.md lists the tasks") from None
+    natively_batched = spec.vector_entry_point is not None and spec.entry_point is None
+    defaults = task_defaults(spec) if env_kwargs else {}
+    for name, value in env_kwargs.items():  # a typo'd value, before the task computes with it (a traceback there)
+        default = defaults.get(name)
+        if isinstance(value, str) and isinstance(default, (int, float)) and not isinstance(default, bool):
+            raise ValueError(f"{name} must be a number, got {value!r}")
     try:
-        if spec.vector_entry_point is not None and spec.entry_point is None:
+        if natively_batched:
             return gym.make_vec(env_id, num_envs=num_envs, seed=seed, device=device, sim_device=sim_device,
                                 stagger_episodes=stagger_episodes, **env_kwargs)
         return GymnasiumVecEnv(env_id, num_envs, seed, device, vectorization_mode, **env_kwargs)
@@ -103,25 +109,27 @@ def make(
         if unknown is None:
             raise
         raise ValueError(f"{env_id} has no option {unknown.group(1)!r}; its options are: "
-                         f"{', '.join(task_options(spec))}") from None
+                         f"{', '.join(sorted(defaults))}") from None
 
 
-def task_options(spec) -> list[str]:
-    """The keyword arguments a registered task accepts (for error messages)."""
+def task_defaults(spec) -> dict:
+    """The keyword arguments a registered task accepts, each with its default (inspect.Parameter.empty if none)."""
     if "base_id" in spec.kwargs:  # a partially observable variant: the options of its base task
-        return task_options(gym.spec(spec.kwargs["base_id"]))
+        return task_defaults(gym.spec(spec.kwargs["base_id"]))
     natively_batched = spec.entry_point is None
     entry = spec.vector_entry_point if natively_batched else spec.entry_point
     creator = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
     # A task class that passes **kwargs on to its parent (FrankaReachCue-v0) takes its parents' options too.
     creators = [c.__init__ for c in creator.__mro__ if "__init__" in vars(c)] if inspect.isclass(creator) else [creator]
-    names = []
+    defaults = {}
     for function in creators:
         parameters = inspect.signature(function).parameters.values()
-        names += [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                  and p.name not in ("self", "num_envs", "seed", "device") and p.name not in spec.kwargs]
+        for p in parameters:
+            if (p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                    and p.name not in ("self", "num_envs", "seed", "device") and p.name not in spec.kwargs):
+                defaults.setdefault(p.name, p.default)  # a subclass's own default first
         if not any(p.kind == p.VAR_KEYWORD for p in parameters):
             break
     if not natively_batched:  # what gym.make and the batch adapter add
-        names += ["max_episode_steps", "render_mode", "max_abs_value"]
-    return sorted(set(names))
+        defaults.update(max_episode_steps=None, render_mode=None, max_abs_value=MAX_ABS_VALUE)
+    return defaults

@@ -125,26 +125,36 @@ class GymnasiumVecEnv:
     ):
         if max_abs_value is not None and not max_abs_value > 0:
             raise ValueError(f"max_abs_value must be positive (or None), got {max_abs_value!r}")
+        options = dict(env_kwargs)  # the caller's, for the message below
         if render_mode is not None:
             env_kwargs["render_mode"] = render_mode
-        self.env = gym.make_vec(
-            env_id,
-            num_envs=num_envs,
-            vectorization_mode=vectorization_mode,
-            # copy=False: Gymnasium then hands back its own observation buffer instead of a deep copy of it;
-            # every step converts it to float32 anyway (a copy), which is all the copying needed
-            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False},
-            **env_kwargs,
-        )
+        try:
+            self.env = gym.make_vec(
+                env_id,
+                num_envs=num_envs,
+                vectorization_mode=vectorization_mode,
+                # copy=False: Gymnasium then hands back its own observation buffer instead of a deep copy of it;
+                # every step converts it to float32 anyway (a copy), which is all the copying needed
+                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False},
+                **env_kwargs,
+            )
+        except (TypeError, ValueError, OSError, AssertionError) as error:
+            # A Gymnasium task checks its options its own way (an xml_file that is not there, a malformed one, a
+            # float max_episode_steps): one line that says so. An unknown option is envs.make's to name.
+            if not options or "unexpected keyword argument" in str(error):
+                raise
+            typed = " ".join(f"{key} {value}" for key, value in options.items())
+            said = " ".join(str(error).split())  # one line (MuJoCo's XML errors take several)
+            raise ValueError(f"{env_id} refused its options ({typed}): {type(error).__name__}: {said}") from None
         self.num_envs = num_envs
         self.single_observation_space = self.env.single_observation_space
         self.single_action_space = self.env.single_action_space
         for name, space in (("observation", self.single_observation_space), ("action", self.single_action_space)):
-            if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+            if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1 or space.shape[0] == 0:
                 self.env.close()
                 raise ValueError(
                     f"{env_id} has a {type(space).__name__}{getattr(space, 'shape', '')} {name} space; "
-                    "these scripts need flat Box observations and continuous (Box) actions"
+                    "these scripts need flat, non-empty Box observations and continuous (Box) actions"
                 )
         self.device = torch_device(device)
         # Arrays become tensors on `device`; on the CPU without a copy (every array passed is a fresh one). Nine per

@@ -47,7 +47,8 @@ def checkpoints(tmp_path_factory):
     with open(os.path.join(os.path.dirname(gymnasium.envs.mujoco.__file__), "assets", "half_cheetah.xml")) as f:
         cheetah_xml = f.read()
     (root / "five_motors.xml").write_text(cheetah_xml.replace('<motor gear="30" joint="ffoot" name="ffoot"/>', ""))
-    paths["five_motors.xml"] = str(root / "five_motors.xml")
+    (root / "no_motors.xml").write_text(re.sub(r"<actuator>.*</actuator>", "", cheetah_xml, flags=re.S))
+    paths["five_motors.xml"], paths["no_motors.xml"] = str(root / "five_motors.xml"), str(root / "no_motors.xml")
     data = open(paths["ppo_continuous"], "rb").read()
     for name, content in (("truncated.pt", data[: len(data) // 2]), ("garbage.pt", b"not a checkpoint" * 100),
                           ("garbage.onnx", b"not an onnx model" * 100)):
@@ -159,6 +160,19 @@ CLI_CASES = [
     *(("ppo_continuous", ["--eval-checkpoint", policy, "--env-kwargs", "xml_file", "{five_motors.xml}"],
        "the task's action has size 5, the policy's 6; leave out the options that change what the policy controls")
       for policy in ("{cheetah}", "{cheetah.onnx}")),
+    # A Gymnasium task's options, refused by its own code: a file that is not there or no XML, a float step count
+    ("ppo_continuous", ["--env-id", "InvertedPendulum-v5", "--env-kwargs", "xml_file", "/nowhere.xml"],
+     "--env-kwargs: InvertedPendulum-v5 refused its options (xml_file /nowhere.xml): OSError: File /nowhere.xml"),
+    ("ppo_recurrent", ["--env-id", "InvertedPendulum-v5", "--env-kwargs", "xml_file", "{garbage.pt}"],
+     "refused its options (xml_file "),  # MuJoCo's message has several lines
+    ("ppo_transformer", ["--env-id", "PendulumNoVel-v1", "--env-kwargs", "max_episode_steps", "25.5"],
+     "--env-kwargs: PendulumNoVel-v1 refused its options (max_episode_steps 25.5): TypeError: "),
+    ("ppo_continuous", ["--env-id", "HalfCheetah-v5", "--env-kwargs", "xml_file", "{no_motors.xml}"],
+     "HalfCheetah-v5 has a Box(0,) action space"),
+    ("ppo_recurrent", ["--env-id", "PendulumNoVel-v1", "--env-kwargs", "g", "abc"],
+     "--env-kwargs: g must be a number, got 'abc'"),
+    *((script, ["--env-id", "PendulumNoVel-v1", "--env-kwargs", "render_mode", "human"],
+       "--env-kwargs render_mode: set by the script's own flags") for script in SCRIPTS),
     ("ppo_recurrent", ["--export-checkpoint", "{ppo_recurrent}", "--env-kwargs", "g", "9.8"],
      "--env-kwargs does nothing with --export-checkpoint"),
     ("ppo_recurrent", ["--resume", "{ppo_recurrent}", "--total-timesteps", "100000", "--learning-rate", "0.5"],
@@ -194,6 +208,7 @@ ENV_CASES = [
     (dict(env_id="Pendulum-v1", vectorization_mode="thread"), "vectorization mode: 'thread'"),
     (dict(env_id="Pendulum-v1", max_abs_value=-1.0), "max_abs_value"),
     (dict(env_id="FrankaReach-v0", device="cuda"), "device='cuda'"),
+    (dict(env_id="FrankaReach-v0", still_speed_scale="abc"), "still_speed_scale must be a number, got 'abc'"),
     ("step", "action must have shape"),
 ]
 CASES = [("cli", *case) for case in CLI_CASES] + [("envs", None, *case) for case in ENV_CASES]
