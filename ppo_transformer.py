@@ -2231,13 +2231,14 @@ def parse_args(argv: list[str] | None = None) -> Args:
     from_checkpoint = any(flag.split("=", 1)[0] in ("--resume", "--eval-checkpoint", "--export-checkpoint")
                           for flag in argv)
     args = tyro.cli(Args, args=argv, default=Args() if from_checkpoint else task_args(env_id))
-    # A (low, high) range is one word, "low,high": as two words, tyro cannot tell them from a number and the next key.
+    # Several numbers are one word, "low,high" (a range) or "x,y,z" (a point): as several words, tyro cannot tell them
+    # from a number and the next key.
     for key, value in (args.env_kwargs or {}).items():
-        low, _, high = value.partition(",") if isinstance(value, str) else ("", "", "")
-        try:
-            args.env_kwargs[key] = (float(low), float(high))
-        except ValueError:  # not a range: left for the task to take or refuse
-            pass
+        if isinstance(value, str) and "," in value:
+            try:
+                args.env_kwargs[key] = tuple(float(number) for number in value.split(","))
+            except ValueError:  # not numbers: left for the task to take or refuse
+                pass
     return args
 
 

@@ -99,6 +99,9 @@ def make(
         default = defaults.get(name)
         if isinstance(value, str) and isinstance(default, (int, float)) and not isinstance(default, bool):
             raise ValueError(f"{name} must be a number, got {value!r}")
+        if isinstance(value, str) and isinstance(default, tuple):
+            raise ValueError(f"{name} must be {len(default)} numbers (one word on the command line: "
+                             f"{','.join(map(str, default))}), got {value!r}")
     try:
         if natively_batched:
             return gym.make_vec(env_id, num_envs=num_envs, seed=seed, device=device, sim_device=sim_device,

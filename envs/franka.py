@@ -18,6 +18,9 @@ motion, so a larger `gamma` horizon in seconds) and makes `action_scale` a large
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from envs.core import MAX_ABS_VALUE
@@ -167,6 +170,13 @@ class FrankaReachVecEnv(FrankaArmVecEnv):
             raise ValueError(f"success_threshold must be positive, got {success_threshold!r}")
         if not still_speed_scale > 0:  # 0 pays a flat bonus inside the ball, a negative scale pays for speed
             raise ValueError(f"still_speed_scale must be positive, got {still_speed_scale!r}")
+        for name, corner in (("target_low", target_low), ("target_high", target_high)):
+            if not (isinstance(corner, (tuple, list)) and len(corner) == 3 and all(
+                    isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) for x in corner)):
+                raise ValueError(f"{name} must be 3 finite numbers (x, y, z in metres), got {corner!r}")
+        if not all(low <= high for low, high in zip(target_low, target_high)):
+            raise ValueError(f"target_low must be at most target_high in each coordinate, got {target_low!r} and "
+                             f"{target_high!r}")
         # FrankaReachNoVel-v0 drops the joint and end-effector velocities: a policy must infer them from memory.
         self.observe_velocities = observe_velocities
         obs_dim = FULL_REACH_OBS + self.EXTRA_OBS

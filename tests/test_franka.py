@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import envs
-from conftest import REPO, SLOW_MACHINE_S, check_episode_statistics, check_seeding
+from conftest import REPO, SCRIPTS, SLOW_MACHINE_S, check_episode_statistics, check_seeding, script_named
 from envs.franka import FrankaReachVecEnv
 
 EPISODE = 10
@@ -230,11 +230,32 @@ def test_out_of_range_actions_saturate_instead_of_exploding(batch):
         ({"render_mode": "human"}, "render_mode"),
         ({"sim_device": "tpu"}, "sim_device"),
         ({"max_abs_value": 0.0}, "max_abs_value"),
+        ({"target_low": (0.3, 0.2)}, r"target_low must be 3 finite numbers \(x, y, z in metres\), got \(0.3, 0.2\)"),
+        ({"target_high": (0.6, 0.25, float("nan"))}, "target_high must be 3 finite numbers"),
+        ({"target_low": (0.7, -0.25, 0.15)}, "target_low must be at most target_high in each coordinate"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         envs.make("FrankaReach-v0", num_envs=2, **kwargs)
+
+
+def test_env_kwargs_sets_the_target_box_from_the_command_line():
+    """Bugs: `--env-kwargs target_low 0.4,-0.1,0.2` (a corner: three numbers, one word) left a string the task could
+    not use (a traceback from torch.tensor), or parsed into a box the targets are not drawn from."""
+    flags = ["--env-id", "FrankaReach-v0", "--sim-device", "cpu",
+             "--env-kwargs", "target_low", "0.4,-0.1,0.2", "target_high", "0.45,0.1,0.3"]
+    for name in SCRIPTS:
+        args = script_named(name).module.parse_args(flags)
+        assert args.env_kwargs == {"target_low": (0.4, -0.1, 0.2), "target_high": (0.45, 0.1, 0.3)}, name
+    vec = script_named("ppo_continuous").module.make_env(args, 16, seed=1, device=torch.device("cpu"))
+    try:
+        vec.reset(seed=1)
+        low, high = torch.tensor([0.4, -0.1, 0.2]), torch.tensor([0.45, 0.1, 0.3])
+        assert ((vec.target_pos >= low - 1e-6) & (vec.target_pos <= high + 1e-6)).all(), vec.target_pos
+        assert vec.target_pos.std(0).min() > 0.01  # drawn, not pinned to a corner
+    finally:
+        vec.close()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without a GPU")
