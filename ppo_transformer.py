@@ -2283,7 +2283,7 @@ def cli(argv: list[str] | None = None) -> None:
     """Trains, evaluates --eval-checkpoint, or exports --export-checkpoint. Bad input ends with one line naming the
     flag and the fix (exit status 2); a failing env, or training that diverged, with one line and exit status 1; a
     run stopped by SIGINT or SIGTERM, once its checkpoint is saved, with 128 + the signal's number, as a shell reports
-    a signalled process."""
+    a signalled process; Ctrl-C while evaluating, with one line and 130."""
     argv = sys.argv[1:] if argv is None else argv
     args, typed_flags = parse_args(argv), flags_typed(argv)
     try:
@@ -2304,6 +2304,11 @@ def cli(argv: list[str] | None = None) -> None:
     except (UsageError, EnvStepError, TrainingDiverged) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2 if isinstance(error, UsageError) else 1) from None
+    except KeyboardInterrupt:  # a training run saves and stops on its own (StopSignal); a second Ctrl-C aborts it
+        if not args.eval_checkpoint:
+            raise
+        print("interrupted (SIGINT): the evaluation stopped before its end, without a result", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT) from None
     except RuntimeError as error:  # under torchrun, a collective that failed: another process died or hangs
         collective = isinstance(error, dist.DistError) or "gloo" in str(error)
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not collective:

@@ -345,6 +345,28 @@ def test_sigint_and_sigterm_finish_the_iteration_save_and_exit_with_128_plus_the
     assert logged[-1] == checkpoint["global_step"]  # every iteration that was logged is in the checkpoint
 
 
+def test_ctrl_c_while_evaluating_exits_with_one_line_and_130(in_tmp):
+    """Bug: Ctrl-C during a long --eval-checkpoint printed a KeyboardInterrupt traceback from deep inside the policy
+    or the env (and exited 1, as a crash)."""
+    args = script_named("ppo_continuous").args()
+    args.total_timesteps = args.num_envs * args.num_steps
+    checkpoint = script_named("ppo_continuous").module.train(args)["checkpoint"]
+    log = in_tmp / "output.txt"
+    with open(log, "w") as output_file:  # -u: the "[eval]" line, printed before the episodes start, arrives at once
+        process = subprocess.Popen(
+            [sys.executable, "-u", os.path.join(REPO, "ppo_continuous.py"), "--eval-checkpoint", checkpoint,
+             "--eval-episodes", "100000000", "--env-kwargs", "g", "10.0"],
+            cwd=in_tmp, stdout=output_file, stderr=subprocess.STDOUT, text=True,
+        )
+    wait_until(lambda: "[eval]" in log.read_text(), "loading the checkpoint and starting the episodes", process=process)
+    process.send_signal(signal.SIGINT)
+    communicate(process, "stopping the evaluation after SIGINT")
+    output = log.read_text()
+    assert process.returncode == 128 + signal.SIGINT, output
+    assert "Traceback" not in output and output.strip().splitlines()[-1] == (
+        "interrupted (SIGINT): the evaluation stopped before its end, without a result"), output
+
+
 def test_a_signal_arriving_while_the_iteration_reports_are_merged_still_stops_the_run(script, in_tmp, monkeypatch):
     """Bug: the stop request read before an iteration's reports were merged (over the processes, under torchrun) and
     written back after, so a SIGTERM arriving in between was overwritten with "no signal": the run went on to its end
