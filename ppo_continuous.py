@@ -1798,11 +1798,16 @@ def export_policy(checkpoint_path: str) -> tuple[str, str]:
                                 dynamic_shapes=[{0: batch}] * len(example), verbose=False)
     model = program.model_proto
     onnx.helper.set_model_props(model, {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()})
-    onnx.save(model, onnx_path + ".tmp")
-    os.replace(onnx_path + ".tmp", onnx_path)
-    torch.jit.trace(policy, example, check_inputs=[(torch.ones(3, *obs_space.shape), *policy.initial_memory(3, cpu))]
-                    ).save(torchscript_path + ".tmp")
-    os.replace(torchscript_path + ".tmp", torchscript_path)
+    try:  # both written before either replaces its file: an export stopped halfway leaves the last pair whole
+        onnx.save(model, onnx_path + ".tmp")
+        check_inputs = [(torch.ones(3, *obs_space.shape), *policy.initial_memory(3, cpu))]
+        torch.jit.trace(policy, example, check_inputs=check_inputs).save(torchscript_path + ".tmp")
+        os.replace(onnx_path + ".tmp", onnx_path)
+        os.replace(torchscript_path + ".tmp", torchscript_path)
+    finally:
+        for unfinished in (onnx_path + ".tmp", torchscript_path + ".tmp"):
+            if os.path.exists(unfinished):
+                os.remove(unfinished)
     print(f"exported: {onnx_path}\n          {torchscript_path}")
     return onnx_path, torchscript_path
 

@@ -170,6 +170,28 @@ def test_evaluating_policy_onnx_gives_the_checkpoints_summary(name, in_tmp):
         assert from_onnx[key] == pytest.approx(value, rel=1e-4, abs=1e-4), key
 
 
+def test_an_export_stopped_between_its_two_files_leaves_the_last_pair_whole(in_tmp, monkeypatch):
+    """Bug: an export stopped (Ctrl-C, a TorchScript trace that fails) after policy.onnx was replaced and before
+    policy.pt was: a new policy.onnx beside the old policy.pt, and a policy.pt.tmp or policy.onnx.tmp left behind."""
+    script = script_named("ppo_continuous")
+    checkpoint_path = train_tiny(script)
+    exported = script.module.export_policy(checkpoint_path)
+    before = [open(path, "rb").read() for path in exported]
+    checkpoint = torch.load(checkpoint_path, weights_only=False)
+    last_bias = [key for key in checkpoint["model"] if key.startswith("actor_mean.") and key.endswith(".bias")][-1]
+    checkpoint["model"][last_bias] += 1.0  # another policy to export over the first
+    torch.save(checkpoint, checkpoint_path)
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.jit, "trace", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        script.module.export_policy(checkpoint_path)
+    assert [open(path, "rb").read() for path in exported] == before
+    assert not [name for name in os.listdir(os.path.dirname(checkpoint_path)) if name.endswith(".tmp")]
+
+
 def test_onnx_metadata_holds_what_a_controller_needs(in_tmp):
     script = script_named("ppo_recurrent")
     checkpoint = train_tiny(script)
