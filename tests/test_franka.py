@@ -244,14 +244,14 @@ def test_env_kwargs_sets_the_target_box_from_the_command_line():
     """Bugs: `--env-kwargs target_low 0.4,-0.1,0.2` (a corner: three numbers, one word) left a string the task could
     not use (a traceback from torch.tensor), or parsed into a box the targets are not drawn from."""
     flags = ["--env-id", "FrankaReach-v0", "--sim-device", "cpu",
-             "--env-kwargs", "target_low", "0.4,-0.1,0.2", "target_high", "0.45,0.1,0.3"]
+             "--env-kwargs", "target_low", "0.4,-0.1,0.2", "target_high", "0.55,0.1,0.3"]
     for name in SCRIPTS:
         args = script_named(name).module.parse_args(flags)
-        assert args.env_kwargs == {"target_low": (0.4, -0.1, 0.2), "target_high": (0.45, 0.1, 0.3)}, name
+        assert args.env_kwargs == {"target_low": (0.4, -0.1, 0.2), "target_high": (0.55, 0.1, 0.3)}, name
     vec = script_named("ppo_continuous").module.make_env(args, 16, seed=1, device=torch.device("cpu"))
     try:
         vec.reset(seed=1)
-        low, high = torch.tensor([0.4, -0.1, 0.2]), torch.tensor([0.45, 0.1, 0.3])
+        low, high = torch.tensor([0.4, -0.1, 0.2]), torch.tensor([0.55, 0.1, 0.3])
         assert ((vec.target_pos >= low - 1e-6) & (vec.target_pos <= high + 1e-6)).all(), vec.target_pos
         assert vec.target_pos.std(0).min() > 0.01  # drawn, not pinned to a corner
     finally:
