@@ -1893,7 +1893,8 @@ def cli(argv: list[str] | None = None) -> None:
     """Trains, evaluates --eval-checkpoint, or exports --export-checkpoint. Bad input ends with one line naming the
     flag and the fix (exit status 2); a failing env, or training that diverged, with one line and exit status 1; a
     run stopped by SIGINT or SIGTERM, once its checkpoint is saved, with 128 + the signal's number, as a shell reports
-    a signalled process; Ctrl-C while evaluating, with one line and 130."""
+    a signalled process; Ctrl-C that cannot wait for a checkpoint (while evaluating or exporting, before the first
+    iteration, a second one), with one line and 130."""
     argv = sys.argv[1:] if argv is None else argv
     args, typed_flags = parse_args(argv), flags_typed(argv)
     try:
@@ -1914,10 +1915,12 @@ def cli(argv: list[str] | None = None) -> None:
     except (UsageError, EnvStepError, TrainingDiverged) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2 if isinstance(error, UsageError) else 1) from None
-    except KeyboardInterrupt:  # a training run saves and stops on its own (StopSignal); a second Ctrl-C aborts it
-        if not args.eval_checkpoint:
-            raise
-        print("interrupted (SIGINT): the evaluation stopped before its end, without a result", file=sys.stderr)
+    except KeyboardInterrupt:  # a training run saves and stops on its own (StopSignal); this is what it could not
+        print("interrupted (SIGINT): " + (
+            "the evaluation stopped before its end, without a result" if args.eval_checkpoint else
+            "the export stopped before its end; policy.onnx and policy.pt are as they were" if args.export_checkpoint
+            else "training stopped at once, without saving (a second Ctrl-C, or one before the first iteration); "
+                 "a run that saved a checkpoint goes on with --resume"), file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None
     except RuntimeError as error:  # under torchrun, a collective that failed: another process died or hangs
         collective = isinstance(error, dist.DistError) or "gloo" in str(error)

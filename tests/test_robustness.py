@@ -367,6 +367,55 @@ def test_ctrl_c_while_evaluating_exits_with_one_line_and_130(in_tmp):
         "interrupted (SIGINT): the evaluation stopped before its end, without a result"), output
 
 
+@pytest.mark.parametrize("mode", ["building the envs", "exporting"])
+def test_ctrl_c_that_cannot_wait_for_a_checkpoint_is_one_line_and_130(script, mode, checkpoints, in_tmp, monkeypatch,
+                                                                      capsys):
+    """Bug: Ctrl-C during a long Genesis kernel compile (before the run's own signal handling is installed) or
+    during --export-checkpoint printing a KeyboardInterrupt traceback from deep inside Genesis or torch.onnx."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if mode == "exporting":
+        monkeypatch.setattr(torch.onnx, "export", interrupted)
+        flags = ["--export-checkpoint", checkpoints[script.name]]
+        expected = "the export stopped before its end; policy.onnx and policy.pt are as they were"
+    else:
+        monkeypatch.setattr(envs, "make", interrupted)
+        flags = ["--env-id", "PendulumNoVel-v1"]
+        expected = "training stopped at once, without saving"
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            script.module.cli([*flags, "--no-progress-bar"])
+    except KeyboardInterrupt:  # caught here: escaping, it would stop the whole test session
+        pytest.fail("the KeyboardInterrupt came out of cli() (a traceback on the command line)")
+    assert exit_info.value.code == 128 + signal.SIGINT
+    message = capsys.readouterr().err.strip()
+    assert message.startswith(f"interrupted (SIGINT): {expected}") and "\n" not in message, message
+    if mode == "exporting":
+        assert not glob.glob(os.path.join(os.path.dirname(checkpoints[script.name]), "policy.*"))
+
+
+def test_a_second_ctrl_c_aborts_the_iteration_and_exits_with_one_line_not_a_traceback(tmp_path):
+    """Bug: the second Ctrl-C (the impatient user's "stop now") ending in a KeyboardInterrupt traceback from
+    wherever the rollout was."""
+    log = tmp_path / "output.txt"
+    with open(log, "w") as output_file:  # iterations of 40,000 steps: the second Ctrl-C arrives inside the first one
+        process = subprocess.Popen(
+            [sys.executable, os.path.join(REPO, "ppo_continuous.py"), "--env-id", "PendulumNoVel-v1", "--num-envs",
+             "2", "--num-steps", "20000", "--total-timesteps", "10000000"],
+            cwd=tmp_path, stdout=output_file, stderr=subprocess.STDOUT, text=True,
+        )
+    wait_until(lambda: re.search(r"\b0/\d+ ", log.read_text()), "starting the run", process=process)
+    process.send_signal(signal.SIGINT)
+    wait_until(lambda: "finishing this iteration" in log.read_text(), "taking the first Ctrl-C", process=process)
+    process.send_signal(signal.SIGINT)
+    communicate(process, "aborting after the second Ctrl-C")
+    output = log.read_text()
+    assert process.returncode == 128 + signal.SIGINT and "Traceback" not in output, output
+    assert output.strip().splitlines()[-1].startswith("interrupted (SIGINT): training stopped at once"), output
+    assert not glob.glob(str(tmp_path / "runs/*/checkpoint.pt"))  # the first iteration never ended
+
+
 def test_a_signal_arriving_while_the_iteration_reports_are_merged_still_stops_the_run(script, in_tmp, monkeypatch):
     """Bug: the stop request read before an iteration's reports were merged (over the processes, under torchrun) and
     written back after, so a SIGTERM arriving in between was overwritten with "no signal": the run went on to its end
