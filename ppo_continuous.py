@@ -1148,16 +1148,35 @@ def run_dir_of(checkpoint_path: str) -> str:
     return path if os.path.isdir(path) else (os.path.dirname(path) or ".")
 
 
-def save_checkpoint(run_dir: str, state: dict) -> str:
-    """Writes checkpoint_<iteration>.pt and a copy as checkpoint.pt (the latest). Atomic: a crash mid-write
-    leaves the previous checkpoints intact."""
-    path = os.path.join(run_dir, f"checkpoint_{state['iteration']:06d}.pt")
-    latest = os.path.join(run_dir, "checkpoint.pt")
-    torch.save(state, path + ".tmp")
-    shutil.copyfile(path + ".tmp", latest + ".tmp")
-    os.replace(path + ".tmp", path)
-    os.replace(latest + ".tmp", latest)
-    return path
+class CheckpointNotWritten(RuntimeError):
+    """A checkpoint could not be written (a full disk, a quota, a lost mount): the run stops, its earlier
+    checkpoints whole."""
+
+
+def save_checkpoint(run_dir: str, state: dict, names: tuple[str, ...] = ()) -> str:
+    """Writes `state` as checkpoint_<iteration>.pt and checkpoint.pt (the latest), or as `names`; returns the first
+    one's path. Atomic: a crash mid-write leaves the previous checkpoints intact; a write that fails removes its
+    temporary files (a full disk stays no fuller) and raises CheckpointNotWritten saying how to go on."""
+    paths = [os.path.join(run_dir, name) for name in names or (f"checkpoint_{state['iteration']:06d}.pt",
+                                                               "checkpoint.pt")]
+    try:
+        torch.save(state, paths[0] + ".tmp")
+        for path in paths[1:]:
+            shutil.copyfile(paths[0] + ".tmp", path + ".tmp")
+        for path in paths:
+            os.replace(path + ".tmp", path)
+    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        latest = os.path.join(run_dir, "checkpoint.pt")
+        how = (f"the checkpoints before it are whole: make room, then --resume {run_dir}" if os.path.exists(latest)
+               else "none was written before it: make room and start the run again")
+        raise CheckpointNotWritten(f"could not write {paths[0]} ({reason}) at iteration {state['iteration']}; "
+                                   f"{how}") from None
+    finally:
+        for path in paths:
+            if os.path.exists(path + ".tmp"):
+                os.remove(path + ".tmp")
+    return paths[0]
 
 
 def load_checkpoint(path: str, flag: str) -> dict:
@@ -1497,9 +1516,7 @@ class Run:
             if periodic:
                 save_checkpoint(self.run_dir, state)
             if self.new_best:
-                best = os.path.join(self.run_dir, "checkpoint_best.pt")
-                torch.save(state, best + ".tmp")
-                os.replace(best + ".tmp", best)
+                save_checkpoint(self.run_dir, state, ("checkpoint_best.pt",))
 
     def evaluate(self, iteration: int, agent: nn.Module, obs_norm: ObsNormalizer) -> dict:
         """--eval-interval: on the iterations it names and the last, process 0 runs --eval-episodes episodes of the
@@ -1891,10 +1908,10 @@ def print_run_end(summary: dict) -> None:
 
 def cli(argv: list[str] | None = None) -> None:
     """Trains, evaluates --eval-checkpoint, or exports --export-checkpoint. Bad input ends with one line naming the
-    flag and the fix (exit status 2); a failing env, or training that diverged, with one line and exit status 1; a
-    run stopped by SIGINT or SIGTERM, once its checkpoint is saved, with 128 + the signal's number, as a shell reports
-    a signalled process; Ctrl-C that cannot wait for a checkpoint (while evaluating or exporting, before the first
-    iteration, a second one), with one line and 130."""
+    flag and the fix (exit status 2); a failing env, training that diverged, or a checkpoint that could not be
+    written, with one line and exit status 1; a run stopped by SIGINT or SIGTERM, once its checkpoint is saved, with
+    128 + the signal's number, as a shell reports a signalled process; Ctrl-C that cannot wait for a checkpoint (while
+    evaluating or exporting, before the first iteration, a second one), with one line and 130."""
     argv = sys.argv[1:] if argv is None else argv
     args, typed_flags = parse_args(argv), flags_typed(argv)
     try:
@@ -1912,7 +1929,7 @@ def cli(argv: list[str] | None = None) -> None:
             print_run_end(summary)
             if summary["stopped_by"]:
                 raise SystemExit(128 + summary["stopped_by"])
-    except (UsageError, EnvStepError, TrainingDiverged) as error:
+    except (UsageError, EnvStepError, TrainingDiverged, CheckpointNotWritten) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2 if isinstance(error, UsageError) else 1) from None
     except KeyboardInterrupt:  # a training run saves and stops on its own (StopSignal); this is what it could not

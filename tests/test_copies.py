@@ -27,7 +27,7 @@ SHARED_ALGORITHM = (
 PLUMBING = (
     "UsageError", "check_flags", "check_advantage_steps", "pick_device", "start_run", "mean_std_over_processes",
     "init_distributed", "average_over_processes", "gather_processes", "merge_processes", "EnvStepError",
-    "TrainingDiverged", "stop_if_diverged", "create_run_dir", "run_dir_of",
+    "TrainingDiverged", "stop_if_diverged", "create_run_dir", "run_dir_of", "CheckpointNotWritten",
     "save_checkpoint", "load_checkpoint", "args_from_checkpoint", "warm_start", "RESUME_MAY_CHANGE", "DEVICE_FLAGS",
     "flags_given", "flags_typed", "resumed_args", "restore", "StopSignal", "open_logs", "step_envs",
     "video_saved", "elapsed_since", "show_progress", "RolloutReports", "write_logs", "Run", "evaluate",

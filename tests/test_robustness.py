@@ -755,6 +755,38 @@ def test_an_update_that_diverges_stops_the_run_with_one_line_and_saves_nothing_o
     assert [event.step for event in events.Scalars("losses/value_loss")] == [batch, 2 * batch]
 
 
+def test_a_full_disk_at_a_checkpoint_stops_with_one_line_leaving_no_partial_file(script, in_tmp, monkeypatch,
+                                                                                   capsys):
+    """Bugs: a full disk or quota (torch.save raises "PytorchStreamWriter failed writing file") ending the run with
+    a traceback, and its half-written .tmp left behind to fill the disk further."""
+    batch = script.args().num_envs * script.args().num_steps
+    real_save, saves = torch.save, []
+
+    def save_on_a_disk_that_fills(state, path, *args, **kwargs):  # the second checkpoint does not fit
+        saves.append(path)
+        if len(saves) < 2:
+            return real_save(state, path, *args, **kwargs)
+        with open(path, "wb") as f:
+            f.write(b"\0" * 1000)
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0\nmore")
+
+    monkeypatch.setattr(torch, "save", save_on_a_disk_that_fills)
+    argv = as_flags({**script.small, "total_timesteps": 4 * batch, "checkpoint_interval": 1, "eval_interval": 0})
+    with pytest.raises(SystemExit) as exit_info:
+        script.module.cli(argv)
+    assert exit_info.value.code == 1
+    run_dir = glob.glob("runs/*")[0]
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: could not write {run_dir}/checkpoint_000002.pt ([enforce fail at inline_container.cc:664] . "
+                   f"unexpected pos 64 vs 0) at iteration 2; the checkpoints before it are whole: make room, then "
+                   f"--resume {run_dir}"), err
+    assert sorted(os.listdir(run_dir)) == ["args.json", "checkpoint.pt", "checkpoint_000001.pt"] + sorted(
+        f for f in os.listdir(run_dir) if f.startswith("events."))
+    monkeypatch.setattr(torch, "save", real_save)  # room made: the run goes on from iteration 2
+    resumed = script.module.train(script.module.Args(resume=run_dir, progress_bar=False))
+    assert [h["iteration"] for h in resumed["history"]] == [2, 3, 4]
+
+
 # ---------------------------------------------------------------- W&B
 def wandb_records(run_file: str) -> tuple[list[dict[str, str]], dict[str, str], bool]:
     """The history rows (key -> JSON value) and the step metric of each defined metric (name or glob) of an
