@@ -777,9 +777,9 @@ def test_a_full_disk_at_a_checkpoint_stops_with_one_line_leaving_no_partial_file
     assert exit_info.value.code == 1
     run_dir = glob.glob("runs/*")[0]
     err = capsys.readouterr().err.strip()
-    assert err == (f"error: could not write {run_dir}/checkpoint_000002.pt ([enforce fail at inline_container.cc:664] . "
-                   f"unexpected pos 64 vs 0) at iteration 2; the checkpoints before it are whole: make room, then "
-                   f"--resume {run_dir}"), err
+    assert err == (f"error: could not write {run_dir}/checkpoint_000002.pt ([enforce fail at "
+                   f"inline_container.cc:664] . unexpected pos 64 vs 0) at iteration 2; the checkpoints before it "
+                   f"are whole: make room, then --resume {run_dir}"), err
     assert sorted(os.listdir(run_dir)) == ["args.json", "checkpoint.pt", "checkpoint_000001.pt"] + sorted(
         f for f in os.listdir(run_dir) if f.startswith("events."))
     monkeypatch.setattr(torch, "save", real_save)  # room made: the run goes on from iteration 2
