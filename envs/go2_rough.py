@@ -42,6 +42,7 @@ from envs.terrain import TERRAIN_TYPES, HeightField, TileLayout, scan_grid, scan
 
 SCAN_OBS_SCALE = 5.0  # legged_gym's obs_scales.height_measurements
 SPAWN_OFFSET_M = 1.0  # robots start within this of their tile's centre (legged_gym's)
+TERRAIN_SDF_RES = 16  # nodes an axis of the terrain's signed distance field: Genesis's smallest (it is never read)
 
 
 def next_levels(levels: torch.Tensor, walked: torch.Tensor, commanded: torch.Tensor, half_tile: float,
@@ -129,8 +130,13 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
         # The field's extent in x and y (m) from its corner at the origin; its last grid point is on the edge.
         self.field_size = torch.tensor([(n - 1) * self.layout.horizontal_scale for n in field.shape],
                                        device=gs.device)
+        # Genesis collides a body with the terrain through its height field (MPR against the field's prisms), never
+        # through the signed distance field it precomputes for every new mesh; at its default resolution (128 nodes an
+        # axis) that SDF took 3.6 minutes of the first build of each new field (the default one on 2 CPU cores),
+        # at its smallest (16) it takes a moment and the steps are the same (tests/test_go2_rough.py).
         return scene.add_entity(gs.morphs.Terrain(height_field=field, horizontal_scale=self.layout.horizontal_scale,
-                                                  vertical_scale=self.vertical_scale))
+                                                  vertical_scale=self.vertical_scale),
+                                material=gs.materials.Rigid(sdf_min_res=TERRAIN_SDF_RES, sdf_max_res=TERRAIN_SDF_RES))
 
     def _noise_scales(self) -> torch.Tensor:
         scan_noise = torch.full((self.scan_size,), 0.1 * SCAN_OBS_SCALE)  # legged_gym's height_measurements noise

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import envs
+from envs import go2_rough
 from conftest import (GO2_STATE_READ, check_episode_statistics, check_resume, check_seeding,
                       check_started_state_is_what_a_read_gives)
 from envs.go2_rough import SCAN_OBS_SCALE, Go2RoughVecEnv, next_levels
@@ -310,6 +311,30 @@ def test_pushes_set_every_base_velocity_on_the_push_step():
         assert speeds[0] < 0.5 and speeds[1] < 0.5 and speeds[2] > 1.0  # the third step (0.06 s) pushes
     finally:
         vec.close()
+
+
+def test_a_new_terrain_does_not_spend_minutes_on_a_signed_distance_field_the_steps_never_read(monkeypatch):
+    """Bug: the terrain built with Genesis's default SDF resolution (128 nodes an axis), which the first build of each
+    new field spent minutes computing (3.6 min for the default field on 2 CPU cores) for a field Genesis does not
+    collide with: a body meets the terrain through its height field. A finer grid steps the same, to the bit: should
+    a Genesis release read the SDF, this fails and the coarse grid must go."""
+    def rollout(sdf_res):
+        monkeypatch.setattr(go2_rough, "TERRAIN_SDF_RES", sdf_res)
+        vec = envs.make("Go2Rough-v0", num_envs=NUM_ENVS, seed=0, **SMALL, **CLEAN)
+        try:
+            assert vec.ground.material.sdf_max_res == sdf_res
+            seen = [vec.reset(seed=0)[0]]
+            for action in actions(NUM_ENVS, 2 * EPISODE, scale=1.0):  # the robots stumble on their tiles
+                obs, reward, terminated, truncated, _ = vec.step(action)
+                seen += [obs, reward[:, None], terminated[:, None], truncated[:, None]]
+            return torch.cat(seen, dim=1), obs[:, 48:]
+        finally:
+            vec.close()
+
+    assert go2_rough.TERRAIN_SDF_RES == 16  # Genesis's smallest
+    (coarse, scan), (fine, _) = rollout(16), rollout(32)
+    assert (scan.amax(1) - scan.amin(1)).max() > 0.25  # the field's relief (5 cm) under a robot, not a flat floor
+    assert torch.equal(coarse, fine)
 
 
 def test_observation_noise_is_the_policys_alone_and_off_on_the_flat_tasks():
