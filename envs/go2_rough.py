@@ -131,9 +131,9 @@ class Go2RoughVecEnv(Go2WalkVecEnv):
         self.field_size = torch.tensor([(n - 1) * self.layout.horizontal_scale for n in field.shape],
                                        device=gs.device)
         # Genesis collides a body with the terrain through its height field (MPR against the field's prisms), never
-        # through the signed distance field it precomputes for every new mesh; at its default resolution (128 nodes an
-        # axis) that SDF took 3.6 minutes of the first build of each new field (the default one on 2 CPU cores),
-        # at its smallest (16) it takes a moment and the steps are the same (tests/test_go2_rough.py).
+        # through the signed distance field it precomputes for every new mesh; at its default resolution (128 nodes
+        # an axis) that SDF took about 3 of the 3.6 minutes of the first build of a new field (the default field, 2
+        # CPU cores), at its smallest (16) a moment, and the steps are the same (tests/test_go2_rough.py).
         return scene.add_entity(gs.morphs.Terrain(height_field=field, horizontal_scale=self.layout.horizontal_scale,
                                                   vertical_scale=self.vertical_scale),
                                 material=gs.materials.Rigid(sdf_min_res=TERRAIN_SDF_RES, sdf_max_res=TERRAIN_SDF_RES))

@@ -315,7 +315,7 @@ def test_pushes_set_every_base_velocity_on_the_push_step():
 
 def test_a_new_terrain_does_not_spend_minutes_on_a_signed_distance_field_the_steps_never_read(monkeypatch):
     """Bug: the terrain built with Genesis's default SDF resolution (128 nodes an axis), which the first build of each
-    new field spent minutes computing (3.6 min for the default field on 2 CPU cores) for a field Genesis does not
+    new field spent minutes computing (about 170 s for the default field on 2 CPU cores) for a field Genesis does not
     collide with: a body meets the terrain through its height field. A finer grid steps the same, to the bit: should
     a Genesis release read the SDF, this fails and the coarse grid must go."""
     def rollout(sdf_res):
