@@ -209,6 +209,9 @@ class Args:
     """num_envs * num_steps // bptt_len"""
     num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // (batch_size * world_size)"""
+    init_from_steps: tyro.conf.Suppress[int] = 0
+    """with --init-from: the steps that trained its network, its own warm starts' included (a curriculum's earlier
+    stages: benchmarks/eval_compare.py --steps-in-all)"""
 
 
 # Args' defaults are the Genesis arm's trained as whole-rollout sequences (rsl_rl's recurrent setup, a smaller GRU);
@@ -922,6 +925,8 @@ def train(args: Args, on_iteration=None, typed_flags: set[str] | None = None) ->
     args, rank, checkpoint, policy_device, (rollout_threads, update_threads) = start_run(args, typed_flags)
     # A warm start's checkpoint is read before the envs are built, so that a wrong path is told at once.
     initial = load_checkpoint(args.init_from, "--init-from") if args.init_from and checkpoint is None else None
+    if initial is not None:
+        args.init_from_steps = initial["global_step"] + initial["args"].get("init_from_steps", 0)
     # Under torchrun, process k's envs take the seeds after process k-1's: the same seeds as one process with them all.
     vec = make_env(args, args.num_envs, args.seed + rank * args.num_envs, policy_device,
                    render=args.capture_video and rank == 0)
@@ -1167,7 +1172,7 @@ def resumed_args(args: Args, checkpoint: dict, typed_flags: set[str] | None = No
     """The checkpoint's flags, with those given in `args` (see flags_given) that a resume may change."""
     saved = args_from_checkpoint(checkpoint)
     not_flags = ("resume", "eval_checkpoint", "export_checkpoint", "world_size", "batch_size", "minibatch_size",
-                 "num_iterations")
+                 "num_iterations", "init_from_steps")
     changed = {name: value for name, value in flags_given(args, not_flags, typed_flags).items()
                if value != getattr(saved, name)}
     may_change = ", ".join("--" + name.replace("_", "-") for name in RESUME_MAY_CHANGE)
@@ -1455,7 +1460,8 @@ def warm_start(initial: dict, args: Args, stateful: dict) -> None:
             there = {**there, "action_low": here["action_low"], "action_high": here["action_high"]}
         obj.load_state_dict(there)
     source = args_from_checkpoint(initial)
-    not_flags = ("resume", "init_from", "world_size", "batch_size", "minibatch_size", "num_iterations", "num_sequences")
+    not_flags = ("resume", "init_from", "world_size", "batch_size", "minibatch_size", "num_iterations", "num_sequences",
+                 "init_from_steps")
     unlike = ["--" + f.name.replace("_", "-") for f in fields(Args)
               if f.name not in not_flags and getattr(args, f.name) != getattr(source, f.name)]
     print(f"[init-from] {args.init_from}: its network and observation normalisers; flags unlike its run's: "

@@ -9,6 +9,9 @@ then mean ± std over seeds.
     python benchmarks/eval_compare.py --env-id Go2WalkNoVelAll-v0 --exp-names novelall_recurrent novelall \\
         --episodes 200 --stem go2walknovelall_memory --out-dir benchmarks/results/go2
 
+    python benchmarks/eval_compare.py --env-id FrankaReachCue-v0 --steps-in-all --stem franka_reachcue_memory_stages \
+        --exp-names reachcue_memory_priv_from50_const reachcue_memory_priv_half_from50_const   # curricula (--init-from)
+
 Writes <stem>.md (the last checkpoint of each run: success at the end and at any step, or the tracking errors and
 fall rate, where the task reports them, and return; per seed and mean ± std) and <stem>.png (those against
 environment steps, each seed thin, the mean thick). Evaluations are cached in the run directories, so a rerun
@@ -57,6 +60,9 @@ class Args:
     """where the PNG and the Markdown table go"""
     stem: str = "eval_compare"
     """file name of the PNG and the table"""
+    steps_in_all: bool = False
+    """count a warm-started run's steps from its curriculum's start: the steps that trained the network it started
+    from (--init-from), that run's own warm starts' included, are added (a stage's checkpoints at 5M in all, not 3M)"""
 
 
 def script_module(saved_args: dict):
@@ -67,6 +73,16 @@ def script_module(saved_args: dict):
 def wall_minutes(run_dir: str) -> float:
     """Training wall time of a run to its last iteration (the time it was stopped before a resume left out)."""
     return max(wall_seconds(run_dir).values()) / 60
+
+
+def steps_before(saved_args: dict, run_dir: str) -> int:
+    """The steps that trained a run's network before the run began: 0 from scratch, else those its script recorded
+    when it was warm-started (init_from_steps, which counts the source run's own warm starts)."""
+    if saved_args.get("init_from") and "init_from_steps" not in saved_args:
+        raise SystemExit(f"error: --steps-in-all: {run_dir} was warm-started (--init-from) by a script that did not "
+                         "record the steps behind its network (init_from_steps in args.json); add them there, or "
+                         "leave out --steps-in-all")
+    return saved_args.get("init_from_steps", 0)
 
 
 def fmt(value: float, metric: str) -> str:
@@ -87,7 +103,9 @@ def main(args: Args) -> str:
         for run_dir in run_dirs:
             with open(os.path.join(run_dir, "args.json")) as f:
                 saved = json.load(f)
-            rows = evaluate_checkpoints(run_dir, script_module(saved), args.episodes, args.last_only)
+            offset = steps_before(saved, run_dir) if args.steps_in_all else 0
+            rows = [dict(row, step=row["step"] + offset)
+                    for row in evaluate_checkpoints(run_dir, script_module(saved), args.episodes, args.last_only)]
             if rows:
                 runs.append(dict(seed=saved["seed"], script=script_of(saved), rows=rows, wall=wall_minutes(run_dir)))
         if runs:
@@ -95,7 +113,9 @@ def main(args: Args) -> str:
     metrics = [m for m in METRICS if any(m in r["rows"][-1] for runs in groups.values() for r in runs)]
 
     lines = [f"{args.env_id}: the last checkpoint of each run, {args.episodes} evaluation episodes each (mean action).",
-             "Mean ± std (population) over seeds; per seed in brackets, in seed order.", "",
+             "Mean ± std (population) over seeds; per seed in brackets, in seed order."
+             + (" Steps in all: a warm-started run's count those that trained the network it started from."
+                if args.steps_in_all else ""), "",
              "| experiment | script | seeds | steps | wall time (min) | "
              + " | ".join(f"eval {METRICS[m]}" for m in metrics) + " |",
              "|---|---|---:|---:|---:|" + "---|" * len(metrics)]
@@ -122,7 +142,8 @@ def main(args: Args) -> str:
             ax.plot([runs[0]["rows"][i]["step"] / 1e6 for i in range(n)],
                     [np.mean([r["rows"][i][metric] for r in runs]) for i in range(n)], "o-", color=color,
                     linewidth=2.5, label=f"{exp_name} ({runs[0]['script']}, seeds: {len(runs)})")
-        ax.set_xlabel("environment steps (millions)")
+        ax.set_xlabel("environment steps in all, warm starts' included (millions)" if args.steps_in_all
+                      else "environment steps (millions)")
         ax.set_ylabel(f"eval {METRICS[metric]}")
         ax.grid(alpha=0.3)
     axes[0][0].legend(loc="best", fontsize=8)

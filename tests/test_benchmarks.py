@@ -192,6 +192,47 @@ def test_eval_compare_reduces_each_experiments_last_checkpoints_over_seeds_and_c
     assert len(evaluated) == 10  # all from the runs' caches
 
 
+def test_eval_compare_steps_in_all_count_a_warm_started_runs_earlier_stages_and_refuse_a_run_that_lacks_them(
+        tmp_path, monkeypatch):
+    """Bugs: --steps-in-all leaving a curriculum's last stage at its own steps (two curricula with stages of other
+    lengths compared at the wrong steps), moving a run trained from scratch, or reading 0 for a warm-started run whose
+    script did not record the steps behind it (silently wrong)."""
+    from benchmarks import eval_compare
+
+    class FakeScript:
+        @staticmethod
+        def evaluate(path, episodes, device, sim_device):
+            return {"episodes": episodes, "mean_return": 1.0, "success_rate": 0.5}
+
+    monkeypatch.setattr(eval_compare, "script_module", lambda saved_args: FakeScript)
+    for exp, before in (("scratch", None), ("stage", 5000), ("unrecorded", None)):
+        run = fake_run(tmp_path, "Cue-v0", 1, [0.0], exp=exp)
+        add_timing(run)
+        if exp != "scratch":
+            with open(os.path.join(run, "args.json")) as f:
+                saved = json.load(f)
+            saved["init_from"] = "runs/earlier"
+            if before is not None:
+                saved["init_from_steps"] = before
+            with open(os.path.join(run, "args.json"), "w") as f:
+                json.dump(saved, f)
+        torch.save({"global_step": 2000}, os.path.join(run, "checkpoint_000100.pt"))
+    args = eval_compare.Args(env_id="Cue-v0", exp_names=("scratch", "stage"), episodes=7, runs_dir=str(tmp_path),
+                             out_dir=str(tmp_path / "out"), stem="cmp")
+
+    def steps(text, exp):  # the table's steps column
+        return next(line for line in text.splitlines() if line.startswith(f"| {exp} |")).split(" | ")[3]
+
+    text = eval_compare.main(args)
+    assert (steps(text, "scratch"), steps(text, "stage")) == ("2,000", "2,000")
+    text = eval_compare.main(dataclasses.replace(args, steps_in_all=True))
+    assert (steps(text, "scratch"), steps(text, "stage")) == ("2,000", "7,000")
+    with pytest.raises(SystemExit) as refused:
+        eval_compare.main(dataclasses.replace(args, exp_names=("unrecorded",), steps_in_all=True))
+    assert "--steps-in-all" in str(refused.value) and "init_from_steps" in str(refused.value)
+    assert "unrecorded" in str(refused.value)
+
+
 def test_a_resumed_runs_wall_time_leaves_out_the_time_it_was_stopped_and_the_iterations_it_redid(tmp_path):
     """Bugs: the time between a run's stop and its resume counted as training (eval_compare's wall time, eval_curve's,
     the report's time axis), or the iterations logged after the checkpoint, which the resumed run redoes."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import math
 import os
 import re
@@ -787,6 +788,32 @@ def test_a_warm_started_run_resumes_without_its_source(script, in_tmp):
     resumed = script.module.train(script.module.Args(resume=os.path.join(straight["run_dir"], "checkpoint_000002.pt"),
                                                      progress_bar=False))
     assert metrics_without_timing(resumed["history"]) == metrics_without_timing(straight["history"][2:])
+
+
+def test_a_warm_start_records_the_steps_behind_its_network_its_sources_included(script, in_tmp):
+    """Bug: a curriculum's stages (--init-from) each count from step 0 and nothing says how many steps trained the
+    network a stage started from, so "5M steps in all" is summed by hand from run names; or the sum leaves out the
+    source's own warm start, is taken again from the source on a resume (gone, or trained on since), or comes from
+    the source's latest checkpoint where an earlier one was given."""
+    def recorded(run):
+        with open(os.path.join(run["run_dir"], "args.json")) as f:
+            return json.load(f)["init_from_steps"], torch.load(run["checkpoint"])["args"]["init_from_steps"]
+
+    source = script.module.train(script.args(seed=2, checkpoint_interval=1))
+    assert recorded(source) == (0, 0)
+    first = os.path.join(source["run_dir"], "checkpoint_000001.pt")  # the source's first iteration, not its last
+    first_steps = torch.load(first)["global_step"]
+    assert 0 < first_steps < source["global_step"]
+    args = script.args(init_from=first, checkpoint_interval=2)
+    args.total_timesteps = 4 * args.num_envs * args.num_steps
+    middle = script.module.train(args)
+    assert recorded(middle) == (first_steps, first_steps)
+    last = script.module.train(script.args(init_from=middle["run_dir"]))
+    assert recorded(last) == (first_steps + middle["global_step"],) * 2
+    shutil.rmtree(source["run_dir"])
+    resumed = script.module.train(script.module.Args(resume=os.path.join(middle["run_dir"], "checkpoint_000002.pt"),
+                                                     progress_bar=False))
+    assert recorded(resumed) == (first_steps, first_steps)
 
 
 class GraphReplays:

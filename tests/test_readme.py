@@ -10,7 +10,8 @@ from dataclasses import fields
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILLED_AT_RUN_TIME = {"world_size", "batch_size", "minibatch_size", "num_iterations", "num_sequences"}
+FILLED_AT_RUN_TIME = {"world_size", "batch_size", "minibatch_size", "num_iterations", "num_sequences",
+                      "init_from_steps"}
 
 
 def readme_section(script: str) -> str:
