@@ -114,7 +114,7 @@ def main(args: Args) -> str:
 
     lines = [f"{args.env_id}: the last checkpoint of each run, {args.episodes} evaluation episodes each (mean action).",
              "Mean ± std (population) over seeds; per seed in brackets, in seed order."
-             + (" Steps in all: a warm-started run's count those that trained the network it started from."
+             + (" Steps in all: a warm-started run's include those that trained the network it started from."
                 if args.steps_in_all else ""), "",
              "| experiment | script | seeds | steps | wall time (min) | "
              + " | ".join(f"eval {METRICS[m]}" for m in metrics) + " |",
