@@ -32,7 +32,7 @@ class EpisodeTracker:
         return episode
 
     def state_dict(self) -> dict:
-        return {"returns": self.returns.cpu(), "lengths": self.lengths.cpu()}
+        return {"returns": self.returns.to("cpu", copy=True), "lengths": self.lengths.to("cpu", copy=True)}
 
     def load_state_dict(self, state: dict) -> None:
         self.returns.copy_(state["returns"])

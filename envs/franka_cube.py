@@ -129,13 +129,13 @@ class FrankaCubeVecEnv(FrankaArmVecEnv):
         return {**super().state_dict(), "cube_qpos": self.cube.get_qpos().cpu(),
                 "cube_dofs_velocity": self.cube.get_dofs_velocity().cpu()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _load_bodies(self, state: dict) -> None:
         import genesis as gs
 
-        super().load_state_dict(state)
+        super()._load_bodies(state)
         self.cube.set_qpos(state["cube_qpos"].to(gs.device), zero_velocity=False)
         self.cube.set_dofs_velocity(state["cube_dofs_velocity"].to(gs.device))
-        if getattr(self, "dynamics_names", None):
+        if getattr(self, "dynamics_names", None):  # the restored draws
             self._send_dynamics(torch.arange(self.num_envs, device=self.dynamics.device))
 
     def _read_cube_state(self) -> None:
@@ -548,12 +548,12 @@ class FrankaStackCubeVecEnv(FrankaGraspVecEnv):
         return {**super().state_dict(), "cube_b_qpos": self.cube_b.get_qpos().cpu(),
                 "cube_b_dofs_velocity": self.cube_b.get_dofs_velocity().cpu()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _load_bodies(self, state: dict) -> None:
         import genesis as gs
 
+        super()._load_bodies(state)
         self.cube_b.set_qpos(state["cube_b_qpos"].to(gs.device), zero_velocity=False)
         self.cube_b.set_dofs_velocity(state["cube_b_dofs_velocity"].to(gs.device))
-        super().load_state_dict(state)
 
     def _read_state(self) -> None:
         self._read_cube_state()

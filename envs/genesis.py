@@ -12,6 +12,7 @@ exact-resume state, headless rendering), so every task keeps it the same way:
     _observe()              the observation from that state
     _episode_info(ended)    task metrics for the envs whose episode ends on this step (`success`, ...), optional
     _send_commands()        re-send actuator commands that persist between steps (after a restore), optional
+    _load_bodies(state)     restore bodies besides `self.robot`, or their drawn dynamics (a resume), optional
     _observe_critic()       the critic's observation from that state, for a task that offers one (it calls
                             `_offer_critic_observation(size)` in its __init__), optional
 
@@ -270,22 +271,26 @@ class GenesisVecEnv(gym.vector.VectorEnv):
         return obs.to(out), reward, terminated, truncated, info
 
     def state_dict(self) -> dict:
-        """Joint state, the task's tensors (`STATE`), counters and the RNG, as CPU tensors (for resuming a run)."""
-        state = {name: getattr(self, name).cpu() for name in self.STATE}
+        """Joint state, the task's tensors (`STATE`), counters, the RNG and the simulator's own state (for resuming a
+        run), as CPU tensors of its own: later steps leave a saved state as it was."""
+        state = {name: getattr(self, name).to("cpu", copy=True) for name in self.STATE}
         return {"qpos": self.robot.get_qpos().cpu(), "dofs_velocity": self.robot.get_dofs_velocity().cpu(),
-                "episode_step": self.episode_step.cpu(), "generator": self.generator.get_state(),
-                "last_obs": self._last_obs.cpu(), "episodes": self.episodes.state_dict(), **state,
-                **({} if self._last_critic_obs is None else {"last_critic_obs": self._last_critic_obs.cpu()})}
+                "episode_step": self.episode_step.to("cpu", copy=True), "generator": self.generator.get_state(),
+                "last_obs": self._last_obs.to("cpu", copy=True), "episodes": self.episodes.state_dict(), **state,
+                "simulator": self._simulator_state(),
+                **({} if self._last_critic_obs is None
+                   else {"last_critic_obs": self._last_critic_obs.to("cpu", copy=True)})}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores `state_dict()`. Genesis's solver warm start is not part of it, so a resumed run matches
-        an uninterrupted one closely but not bit for bit."""
+        """Restores `state_dict()`: the bodies' joints and the task's tensors, then the simulator's own state over
+        them, so that a resumed run steps on bit for bit as the uninterrupted one would have. A simulator state from
+        another kind of device or another Genesis is left out: the joints alone match to about 1e-7, and a run
+        resumed so goes on close to the uninterrupted one, no longer the same (training amplifies the difference)."""
         import genesis as gs
 
-        self.robot.set_qpos(state["qpos"].to(gs.device), zero_velocity=False)
-        self.robot.set_dofs_velocity(state["dofs_velocity"].to(gs.device))
         for name in ("episode_step", *self.STATE):
             getattr(self, name).copy_(state[name])
+        self._load_bodies(state)
         saved = state["generator"]
         if saved.numel() == self.generator.get_state().numel():
             self.generator.set_state(saved)
@@ -298,7 +303,67 @@ class GenesisVecEnv(gym.vector.VectorEnv):
             self._last_critic_obs = state["last_critic_obs"].to(gs.device)
         self.episodes.load_state_dict(state["episodes"])
         self._send_commands()
+        self._load_simulator_state(state.get("simulator"))
         self.seeded = True
+
+    def _load_bodies(self, state: dict) -> None:
+        """Sets the task's bodies as `state_dict` saved them (after its `STATE` tensors): the robot's joints here; a
+        task with more bodies, or with drawn masses and frictions, adds those."""
+        import genesis as gs
+
+        self.robot.set_qpos(state["qpos"].to(gs.device), zero_velocity=False)
+        self.robot.set_dofs_velocity(state["dofs_velocity"].to(gs.device))
+
+    def _simulator_items(self) -> list:
+        """The arrays of Genesis's own state that a resume writes back over the joints (Genesis's checkpoint names
+        and kinds): its STATE and INFO (velocities, accelerations, actuator commands, the warm starts of the
+        constraint solve and of collision detection, masses and frictions) and, of what it calls DERIVED, the link
+        poses and the flags saying whether they are current, which its next step reads before recomputing them.
+        Without these a resumed run leaves the uninterrupted one at the seventh digit on its first step."""
+        from genesis.utils.array_class import DataKind
+
+        return [item for item in self.scene.sim.data(frozenset(DataKind))
+                if item.kind in (DataKind.STATE, DataKind.INFO)
+                or item.name.startswith(("RigidSolver.dyn_state.links.", "RigidSolver._is_forward_"))]
+
+    def _simulator_state(self) -> dict:
+        """`_simulator_items()` as CPU tensors, with the Genesis version and device kind that wrote them."""
+        import genesis as gs
+        from genesis.utils.misc import data_to_array
+
+        arrays = {}
+        for item in self._simulator_items():
+            if hasattr(item, "array"):
+                arrays[item.name] = data_to_array(item.array, to_torch=True, copy=True).cpu()
+            else:  # a Python scalar of the solver's (a flag)
+                arrays[item.name] = torch.tensor(getattr(item.owner, item.attr))
+        return {"genesis": gs.__version__, "device": gs.device.type, "arrays": arrays}
+
+    def _load_simulator_state(self, saved: dict | None) -> None:
+        """Writes `_simulator_state()` back, or, when another Genesis version or device kind wrote it (its arrays'
+        layout may differ though their shapes match) or its arrays do not fit this scene, says so and leaves it."""
+        if saved is None:  # a state from before it was saved
+            return
+        import genesis as gs
+        from genesis.utils import array_class
+
+        here = {"genesis": gs.__version__, "device": gs.device.type}
+        why = "; ".join(f"{key} {saved[key]} when saved, {value} now" for key, value in here.items()
+                        if saved[key] != value)
+        items = self._simulator_items()
+        values = {name: value.to(gs.device) if gs.use_zerocopy else value.numpy()
+                  for name, value in saved["arrays"].items()}
+        if not why:
+            try:
+                array_class.check_data(items, values)
+            except gs.GenesisException as error:
+                why = str(error).strip().splitlines()[0][:200]
+        if why:
+            print(f"[envs] the saved simulator state is left out ({why}): the run goes on from the saved joints, "
+                  "close to the uninterrupted run, not the same")
+            return
+        array_class.fill_data(items, values)
+        self._rigid_solver._restart()  # forgets the contacts it reported before the state was written over
 
     def _send_commands(self) -> None:
         """Sends the actuator commands that the task's state implies (after `load_state_dict`); tasks whose

@@ -6,6 +6,7 @@ copy, and a fourth script only needs an adapter here."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import importlib
 import os
@@ -140,20 +141,43 @@ def check_episode_statistics(vec, actions, on_step=None) -> int:
     return finished
 
 
-def check_resume(vec, make_other, later_actions, atol: float) -> None:
-    """Saves `vec.state_dict()` where it stands, steps `later_actions`, and checks that a fresh env from
-    `make_other()`, loaded with that state, steps to the same observations, the critic's too (to `atol`)."""
+def assert_same_state(got, expected, where: str = "state") -> None:
+    """`got` equals `expected` exactly: nested dicts and lists of tensors and plain values (strings, numbers)."""
+    if isinstance(expected, dict):
+        assert isinstance(got, dict) and got.keys() == expected.keys(), where
+        for key in expected:
+            assert_same_state(got[key], expected[key], f"{where}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(got) == len(expected), where
+        for i, (a, b) in enumerate(zip(got, expected)):
+            assert_same_state(a, b, f"{where}[{i}]")
+    elif isinstance(expected, torch.Tensor):
+        torch.testing.assert_close(got, expected, atol=0, rtol=0, equal_nan=True, msg=lambda m: f"{where}: {m}")
+    else:
+        assert got == expected, where
+
+
+def check_resume(vec, make_other, later_actions) -> None:
+    """Saves `vec.state_dict()` where it stands, steps `later_actions` (past an episode's end: give more than its
+    length), and checks that the saved state is still what was saved (a copy, not the env's live tensors), and that a
+    fresh env from `make_other()`, loaded with it, steps to the same observations, rewards and ends, the critic's
+    observation too, bit for bit: a resumed run on the CPU continues as the uninterrupted one."""
     state = vec.state_dict()
+    saved = copy.deepcopy(state)
     expected = [vec.step(action) for action in later_actions]
+    assert sum(int((terminated | truncated).sum()) for _, _, terminated, truncated, _ in expected) > 0, \
+        "no episode ended in the steps compared: give more actions"
+    assert_same_state(state, saved)
     other = make_other()
     other.reset()
     other.load_state_dict(state)
     try:
-        for action, (obs, *_, info) in zip(later_actions, expected):
-            got_obs, *_, got_info = other.step(action)
-            torch.testing.assert_close(got_obs, obs, atol=atol, rtol=atol)
-            if "critic_obs" in info:  # the critic's observation resumes with the policy's
-                torch.testing.assert_close(got_info["critic_obs"], info["critic_obs"], atol=atol, rtol=atol)
+        for step, (action, want) in enumerate(zip(later_actions, expected)):
+            got = other.step(action)
+            for name, got_value, value in zip(("obs", "reward", "terminated", "truncated"), got[:4], want[:4]):
+                torch.testing.assert_close(got_value, value, atol=0, rtol=0, msg=lambda m: f"{name}, step {step}: {m}")
+            if "critic_obs" in want[4]:  # the critic's observation resumes with the policy's
+                torch.testing.assert_close(got[4]["critic_obs"], want[4]["critic_obs"], atol=0, rtol=0)
     finally:
         other.close()
 

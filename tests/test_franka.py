@@ -4,6 +4,7 @@ Each Genesis scene build takes several seconds (the first one in a fresh cache c
 over a minute), so the scenes are module fixtures shared by the tests that only read them.
 """
 
+import copy
 import subprocess
 import sys
 
@@ -298,6 +299,31 @@ def test_a_state_saved_on_another_kind_of_device_loads_and_goes_on_the_same_way_
         draws.append(batch._uniform(3, torch.zeros(2), torch.ones(2)))
     torch.testing.assert_close(draws[0], draws[1])  # a resume repeats itself
     assert "GPU generator's" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("written_by", ["another kind of device", "another Genesis"])
+def test_a_simulator_state_from_another_device_or_genesis_is_left_out_with_a_note_and_the_joints_restored(
+        batch, capsys, written_by):
+    """Bugs: Genesis's own arrays saved on a GPU (whose layout may differ where the shapes match) written into a CPU
+    scene, or arrays another Genesis version named or shaped otherwise: physics from garbage, or a traceback
+    halfway through a resume. Either is left out, saying why, and the joints saved beside it are restored."""
+    batch.reset(seed=4)
+    for action in actions(4, 3, seed=4):
+        batch.step(action)
+    state = copy.deepcopy(batch.state_dict())
+    arrays = state["simulator"]["arrays"]
+    arrays["RigidSolver.dyn_state.dofs.vel"] += 100.0  # what the scene would hold if these were written anyway
+    if written_by == "another kind of device":
+        state["simulator"]["device"] = "cuda"
+    else:
+        arrays["RigidSolver.constraint_state.qacc_ws_v2"] = arrays.pop("RigidSolver.constraint_state.qacc_ws")
+    for action in actions(4, 2, seed=5):  # away from the saved state
+        batch.step(action)
+    batch.load_state_dict(state)
+    assert "the saved simulator state is left out" in capsys.readouterr().out
+    torch.testing.assert_close(batch.robot.get_qpos(), state["qpos"], atol=0, rtol=0)
+    torch.testing.assert_close(batch.robot.get_dofs_velocity(), state["dofs_velocity"], atol=0, rtol=0)
+    batch.step(torch.zeros(4, batch.single_action_space.shape[0]))  # and it steps on
 
 
 def test_release_genesis_frees_the_memory_genesis_keeps_of_each_destroyed_scene():

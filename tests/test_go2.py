@@ -256,15 +256,15 @@ def test_same_seed_reproduces_the_trajectory_and_another_seed_does_not(long):
 
 
 def test_state_dict_resumes_the_same_trajectory(either):
-    """Bug: a resumed run restarts the robots, forgets the commands or the action in flight (the latency).
-    Genesis's contact solver keeps a warm start that is not part of the state, so trajectories agree to float
-    precision only until the next new contact (the feet land at about the sixth step)."""
+    """Bugs: a resumed run restarts the robots, forgets the commands or the action in flight (the latency); Genesis's
+    contact solver's warm start not restored, so trajectories agreed to float precision only until the next new
+    contact (the feet land at about the sixth step)."""
     either.reset(seed=10)
     for action in actions(4, 3, seed=10):
         either.step(action)
     check_resume(either, lambda: envs.make("Go2Walk-v0", num_envs=4, seed=99, max_episode_steps=EPISODE,
                                            observe_base_velocity="base_lin_vel" in either.observed, **CPU),
-                 actions(4, 2, seed=11), atol=1e-5)
+                 actions(4, EPISODE + 2, seed=11))
 
 
 def test_subset_reset_touches_only_the_masked_envs(either):
