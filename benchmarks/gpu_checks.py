@@ -4,6 +4,7 @@ rollout waits on the GPU.
     python benchmarks/gpu_checks.py sim --env-ids Go2Walk-v0 FrankaReach-v0 --num-envs 1024 4096
     python benchmarks/gpu_checks.py syncs --env-id Go2Walk-v0 --num-envs 4096
     python benchmarks/gpu_checks.py busy --env-id Go2Walk-v0 --num-envs 4096 --trace go2_trace.json
+    python benchmarks/gpu_checks.py same --run-dirs runs/<straight> runs/<a copy resumed mid-run>
 
 `sim`: each task built on `gs.gpu` with its tensors on CUDA, stepped with random actions: the first build's time
 (kernel compile included when the cache is cold), then env-steps/s through `envs/` and of the scene's own steps
@@ -20,6 +21,10 @@ what to make faster; the ops by GPU time, and a Chrome trace if asked for.
 or envs/) that led to it. A line whose count doubles with the steps synchronises once per rollout step (the design
 forbids it in the scripts, and allows envs/ only its resets' nonzeros: docs/design.md); lines that stay the same
 run once per iteration (logging, the update's early stop).
+
+`same`: whether two runs logged the same values (every TensorBoard scalar but the timings) at the steps both
+logged: a copy of a run's directory resumed from a middle checkpoint against the run itself, on the device
+under test (a resumed run continues the uninterrupted one exactly where the simulation repeats itself).
 """
 
 from __future__ import annotations
@@ -98,6 +103,16 @@ class Busy:
     """trace the script's --compile run (its compiled acting and loss; compiling happens in the first iteration)"""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     """the script's --compile-mode with --compile (reduce-overhead: CUDA graphs)"""
+
+
+@dataclass
+class Same:
+    run_dirs: list[str]
+    """two run directories: the straight run and a copy of it resumed from a middle checkpoint"""
+
+
+# What differs between two identical runs: the clock
+TIMINGS = ("charts/SPS", "time/")
 
 
 def synchronize() -> None:
@@ -240,6 +255,43 @@ def syncs(args: Syncs) -> None:
     print(json.dumps(report))
 
 
+def logged_values(run_dir: str) -> dict[str, dict[int, float]]:
+    """A run directory's scalars, tag -> {step: value}, timings left out; what a resume purged is gone (TensorBoard's
+    reader drops the events of the steps a later session logged again)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: {event.step: event.value for event in events.Scalars(tag)}
+            for tag in events.Tags()["scalars"] if not tag.startswith(TIMINGS)}
+
+
+def same(args: Same) -> dict:
+    if len(args.run_dirs) != 2:
+        raise SystemExit(f"--run-dirs: give two run directories, got {len(args.run_dirs)}")
+    first, second = (logged_values(run_dir) for run_dir in args.run_dirs)
+    compared, differing = 0, []
+    for tag in sorted(set(first) & set(second)):
+        for step in sorted(set(first[tag]) & set(second[tag])):
+            compared += 1
+            if first[tag][step] != second[tag][step]:
+                differing.append((step, tag, first[tag][step], second[tag][step]))
+    differing.sort()
+    report = {"compared": compared, "differing": len(differing),
+              "first_difference": list(differing[0]) if differing else None,
+              "tags_only_in_one": sorted(set(first) ^ set(second))}
+    if not compared:
+        print(f"same: no values logged by both {args.run_dirs[0]} and {args.run_dirs[1]} at one step")
+    elif differing:
+        step, tag, a, b = differing[0]
+        print(f"same: {len(differing)} of {compared} values differ; the first at step {step}: {tag} {a!r} against "
+              f"{b!r}")
+    else:
+        print(f"same: all {compared} values logged by both runs are equal")
+    print(json.dumps(report), flush=True)
+    return report
+
+
 if __name__ == "__main__":
-    command = tyro.extras.subcommand_cli_from_dict({"sim": Sim, "syncs": Syncs, "busy": Busy})
-    {Sim: sim, Syncs: syncs, Busy: busy}[type(command)](command)
+    command = tyro.extras.subcommand_cli_from_dict({"sim": Sim, "syncs": Syncs, "busy": Busy, "same": Same})
+    {Sim: sim, Syncs: syncs, Busy: busy, Same: same}[type(command)](command)

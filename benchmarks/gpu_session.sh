@@ -187,14 +187,19 @@ step_torchrun() {  # item 7: two processes sharing one GPU (gloo), half the envs
         --eval-interval 0 --exp-name gpu_torchrun $QUIET
 }
 
-step_resume() {  # item 7's neighbour: a GPU run resumed on the GPU, then on the CPU (the envs' state saved on the
-    # GPU loaded there; the flags of the command line pick the devices); the events continue with no step twice
-    local n=$([ $SCALE = 1 ] && echo 8 || echo 256) dir
-    run 200 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $n --total-timesteps $((n * 24 * 4)) \
-        --eval-interval 0 --exp-name gpu_resume $QUIET
+step_resume() {  # item 7's neighbour: a GPU run's copy resumed on the GPU from its middle checkpoint, against the run
+    # itself (`gpu_checks.py same`: every logged value equal where the simulation repeats itself), then on the CPU
+    # (the envs' state saved on the GPU loaded there; the flags of the command line pick the devices); the events
+    # continue with no step twice
+    local n=$([ $SCALE = 1 ] && echo 8 || echo 256) dir copy
+    run 200 $PY ppo_continuous.py --env-id Go2Walk-v0 $DEVICE --num-envs $n --total-timesteps $((n * 24 * 8)) \
+        --checkpoint-interval 4 --eval-interval 0 --exp-name gpu_resume $QUIET
     dir=$(ls -td runs/Go2Walk-v0__gpu_resume__*/ | head -1)
-    run 200 $PY ppo_continuous.py --resume "$dir" $DEVICE --total-timesteps $((n * 24 * 8)) $QUIET
-    run 300 $PY ppo_continuous.py --resume "$dir" --policy-device cpu --sim-device cpu \
+    copy=${dir%/}__resumed
+    rm -rf "$copy" && cp -r "$dir" "$copy"
+    run 200 $PY ppo_continuous.py --resume "$copy/checkpoint_000004.pt" $DEVICE $QUIET
+    run 60 $PY benchmarks/gpu_checks.py same --run-dirs "$dir" "$copy"
+    run 300 $PY ppo_continuous.py --resume "$copy" --policy-device cpu --sim-device cpu \
         --total-timesteps $((n * 24 * 10)) $QUIET
 }
 

@@ -518,6 +518,33 @@ def test_terrain_eval_reports_the_curriculums_end_per_type_and_each_level_evalua
         terrain_eval.main(terrain_eval.Args(run_dirs=(str(tmp_path),), out_dir=str(tmp_path / "out")))
 
 
+def test_gpu_checks_same_finds_the_first_value_a_resumed_copy_logged_otherwise_and_ignores_the_clock(tmp_path, capsys):
+    """Bugs in `gpu_checks.py same`, which says whether a resumed copy continued its run: the values a resume purged
+    compared instead of those logged again, timings counted as differences (no resume would ever be the same), or
+    only the first difference's existence reported, not where."""
+    from benchmarks import gpu_checks
+
+    def log(run_dir, steps, value_at, purge_step=None):
+        writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+        for step in steps:
+            writer.add_scalar("losses/value_loss", value_at(step), step)
+            writer.add_scalar("charts/SPS", 1000.0 + step + (purge_step or 0), step)  # a clock: differs every time
+        writer.close()
+
+    straight, copy = tmp_path / "straight", tmp_path / "copy"
+    log(straight, range(1, 5), lambda step: step / 10)
+    log(copy, range(1, 5), lambda step: step / 10 if step < 3 else -1.0)  # steps 3-4: what a resume at 2 purges
+    time.sleep(1.1)  # event files are named by the second: the resumed session's sorts after the first's
+    log(copy, range(3, 5), lambda step: step / 10, purge_step=3)
+    report = gpu_checks.same(gpu_checks.Same(run_dirs=[str(straight), str(copy)]))
+    assert report["compared"] == 4 and report["differing"] == 0, report
+    assert "all 4 values logged by both runs are equal" in capsys.readouterr().out
+    time.sleep(1.1)
+    log(copy, range(3, 5), lambda step: step / 10 + (step == 4) * 1e-7, purge_step=3)
+    report = gpu_checks.same(gpu_checks.Same(run_dirs=[str(straight), str(copy)]))
+    assert report["differing"] == 1 and report["first_difference"][:2] == [4, "losses/value_loss"], report
+
+
 def stand_in_script(monkeypatch, train) -> None:
     """benchmarks/gpu_checks.py importing a stand-in script whose `train` is the one given. Only gpu_checks's own
     import is replaced: torch imports its submodules lazily through importlib.import_module, so replacing that for
