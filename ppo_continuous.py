@@ -1275,6 +1275,9 @@ def warm_start(initial: dict, args: Args, stateful: dict) -> None:
               if f.name not in not_flags and getattr(args, f.name) != getattr(source, f.name)]
     print(f"[init-from] {args.init_from}: its network and observation normalisers; flags unlike its run's: "
           f"{', '.join(unlike) or 'none'}")
+    if initial["args"].get("init_from") and "init_from_steps" not in initial["args"]:
+        print(f"[init-from] its run was itself warm-started (from {initial['args']['init_from']}) before runs kept "
+              f"the steps behind their networks: init_from_steps counts its {initial['global_step']:,} steps alone")
 
 
 class StopSignal:

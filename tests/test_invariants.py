@@ -816,6 +816,27 @@ def test_a_warm_start_records_the_steps_behind_its_network_its_sources_included(
     assert recorded(resumed) == (first_steps, first_steps)
 
 
+def test_a_warm_start_from_a_run_warm_started_before_the_steps_were_kept_says_it_counts_that_run_alone(
+        script, in_tmp, capsys):
+    """Bug: a stage started from a run that was itself warm-started before runs kept init_from_steps (its args hold
+    init_from but no init_from_steps) silently counts that run's steps alone, the stages before it lost, and
+    --steps-in-all then reads a curriculum as shorter than it was."""
+    source = script.module.train(script.args(seed=2))
+    old = torch.load(source["checkpoint"], weights_only=True)
+    old["args"]["init_from"] = "runs/an_earlier_stage"
+    del old["args"]["init_from_steps"]
+    old_path = os.path.join(source["run_dir"], "before_the_record.pt")
+    torch.save(old, old_path)
+    capsys.readouterr()
+    warm = script.module.train(script.args(init_from=old_path))
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[init-from]")]
+    assert len(said) == 2 and "itself warm-started (from runs/an_earlier_stage)" in said[1], said
+    assert f"counts its {old['global_step']:,} steps alone" in said[1]
+    assert torch.load(warm["checkpoint"], weights_only=True)["args"]["init_from_steps"] == old["global_step"]
+    script.module.train(script.args(init_from=warm["run_dir"]))  # a source that keeps the record: no such line
+    assert [line for line in capsys.readouterr().out.splitlines() if "itself warm-started" in line] == []
+
+
 class GraphReplays:
     """A stand-in for torch.compile(fn, mode="reduce-overhead") on a GPU, as far as the caller can see: CUDA graphs
     write their outputs (those outside autograd) into one shared memory pool, so an output kept past a later call
