@@ -353,10 +353,13 @@ def test_ctrl_c_while_evaluating_exits_with_one_line_and_130(in_tmp):
     checkpoint = script_named("ppo_continuous").module.train(args)["checkpoint"]
     log = in_tmp / "output.txt"
     with open(log, "w") as output_file:  # -u: the "[eval]" line, printed before the episodes start, arrives at once
+        # SIGINT back to its default in the child: a suite started in the background (`cmd &`, nohup) ignores it,
+        # and a child that inherits that never sees the Ctrl-C (this test then waited out its 600 s)
         process = subprocess.Popen(
             [sys.executable, "-u", os.path.join(REPO, "ppo_continuous.py"), "--eval-checkpoint", checkpoint,
              "--eval-episodes", "100000000", "--env-kwargs", "g", "10.0"],
             cwd=in_tmp, stdout=output_file, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     wait_until(lambda: "[eval]" in log.read_text(), "loading the checkpoint and starting the episodes", process=process)
     process.send_signal(signal.SIGINT)
