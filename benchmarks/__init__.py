@@ -1,0 +1,17 @@
+"""Benchmarks, probes and experiment runners: docs/benchmarks.md lists them with the commands that ran them."""
+
+import sys
+
+
+def choose_variant(variants: dict, doc: str) -> str:
+    """For the scripts that run ppo_continuous.py with one thing changed: the command line's first word names the
+    change, taken off it (the rest are the script's flags); `--help` prints `doc`, an unknown word ends with one
+    line."""
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(doc)
+        raise SystemExit(0)
+    if len(sys.argv) < 2 or sys.argv[1] not in variants:
+        print(f"error: the first word names the variant, one of {', '.join(variants)} (then ppo_continuous.py's "
+              "flags)", file=sys.stderr)
+        raise SystemExit(2)
+    return sys.argv.pop(1)

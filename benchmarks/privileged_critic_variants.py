@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ppo_continuous  # noqa: E402
+from benchmarks import choose_variant  # noqa: E402
 from envs.franka_cube import FrankaCubeVecEnv  # noqa: E402
 
 
@@ -68,12 +69,5 @@ VARIANTS = {"noise": keep_dynamics_fixed, "zero-init": zero_privileged_weights,
             "masses-only": lambda: critic_reads_only("mass"), "frictions-only": lambda: critic_reads_only("friction")}
 
 if __name__ == "__main__":
-    if sys.argv[1:2] in (["-h"], ["--help"]):
-        print(__doc__)
-        raise SystemExit(0)
-    if len(sys.argv) < 2 or sys.argv[1] not in VARIANTS:
-        print(f"error: the first word names the variant, one of {', '.join(VARIANTS)} (then ppo_continuous.py's "
-              "flags)", file=sys.stderr)
-        raise SystemExit(2)
-    VARIANTS[sys.argv.pop(1)]()
+    VARIANTS[choose_variant(VARIANTS, __doc__)]()
     ppo_continuous.cli()

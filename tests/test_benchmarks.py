@@ -1007,3 +1007,40 @@ def test_episode_trace_refuses_a_task_without_reward_terms(in_tmp):
     summary = script.module.train(script.args())
     with pytest.raises(SystemExit, match=r"--run-dirs .*: its task's envs report no reward terms"):
         episode_trace.main(episode_trace.Args(run_dirs=(os.path.dirname(summary["checkpoint"]),), steps=5, envs=2))
+
+
+@pytest.mark.parametrize("variant", ["centre-only", "scale-only"])
+def test_normaliser_variants_keep_the_named_half_and_survive_a_checkpoint_load(monkeypatch, variant):
+    """Bugs in benchmarks/normaliser_variants.py: both halves kept (the variant would be the normaliser itself), the
+    named half dropped, or the whole normaliser restored when a checkpoint's statistics load (resume, evaluation)."""
+    import ppo_continuous
+
+    from benchmarks import normaliser_variants
+
+    monkeypatch.setattr(ppo_continuous.ObsNormalizer, "refresh", ppo_continuous.ObsNormalizer.refresh)  # undone
+    normaliser_variants.VARIANTS[variant]()
+    obs = torch.tensor([[1.0, 5.0, -3.0], [4.0, 9.0, -1.0], [2.0, 7.0, -8.0]])
+    normaliser = ppo_continuous.ObsNormalizer((3,), eps=0.5)
+    normaliser.update(obs)
+    mean, std = normaliser.mean.float(), normaliser.var.sqrt().float()  # the statistics are the script's concern
+    assert (mean.abs() > 1).all() and (std > 1).all()  # neither half the identity's
+    expected = obs - mean if variant == "centre-only" else obs / (std + 0.5)
+    torch.testing.assert_close(normaliser(obs), expected)
+    loaded = ppo_continuous.ObsNormalizer((3,), eps=0.5)
+    loaded.load_state_dict(normaliser.state_dict())
+    torch.testing.assert_close(loaded(obs), expected)
+
+
+def test_normaliser_variants_refuse_a_run_without_the_normaliser(tmp_path):
+    """Bug: the picking preset (raw observations) run through a variant without --norm-obs trains raw observations
+    under a name that says otherwise."""
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                          "normaliser_variants.py")
+    done = subprocess.run([sys.executable, script, "centre-only", "--env-id", "FrankaPickCube-v0"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "error: centre-only changes the observation normaliser, which this task's preset leaves off: add --norm-obs"]
+    assert os.listdir(tmp_path) == []
