@@ -10,7 +10,9 @@ statistics, not the variant):
 centre-only  each feature minus its running mean, not divided by its std: with `--norm-obs-until` the policy then
              reads raw observations shifted by a constant (what a first layer's bias could absorb), so a run that
              differs from raw observations' differs by the centring alone. `--norm-obs-eps` has no effect.
-scale-only   each feature divided by its running std (plus `--norm-obs-eps`), not centred.
+scale-only   each feature divided by its running std (plus `--norm-obs-eps`), not centred. Give it a floor: with
+             `--norm-obs-eps 0` a feature whose mean is ten of its stds from zero (a resting cube's height, 0.02 m
+             against 2 mm) sits at the clip. Picking's runs took 1.0, about raw observations' scale.
 
 The statistics are gathered, frozen, saved and clipped at +-10 as without; only the shift or the scale applied to
 each observation changes.
