@@ -1095,6 +1095,9 @@ def merge_processes(parts: dict) -> dict:
 
 
 CHECKPOINT_KIND = "ppo_continuous"  # written into every checkpoint: another script's checkpoint is refused clearly
+# What a run's last lines tell the user to run again (evaluate, resume): this file, or the command of a benchmark
+# that runs it with one thing changed (benchmarks/*_variants.py), which the plain script would drop
+LAUNCHED_AS = f"{CHECKPOINT_KIND}.py"
 
 
 class EnvStepError(RuntimeError):
@@ -1891,7 +1894,7 @@ def print_run_end(summary: dict) -> None:
     """A run's last lines: where it is, how it ended, and the commands to watch, evaluate and (if stopped) resume it."""
     if summary["run_dir"] is None:  # torchrun: process 0 speaks for all
         return
-    history, script = summary["history"], f"{CHECKPOINT_KIND}.py"
+    history, script = summary["history"], LAUNCHED_AS
     success = next((h["charts/success_rate"] for h in reversed(history) if "charts/success_rate" in h), None)
     ended = f"stopped by {signal.Signals(summary['stopped_by']).name}" if summary["stopped_by"] else "finished"
     lines = [f"\n{ended} at iteration {summary['iteration']} ({summary['global_step']:,} steps): {summary['run_dir']}",

@@ -50,7 +50,7 @@ def keep_only(half: str) -> None:
 VARIANTS = {"centre-only": lambda: keep_only("centre"), "scale-only": lambda: keep_only("scale")}
 
 if __name__ == "__main__":
-    variant = choose_variant(VARIANTS, __doc__)
+    variant = choose_variant(VARIANTS, __doc__, ppo_continuous)
     from_checkpoint = any(flag.split("=", 1)[0] in ("--resume", "--eval-checkpoint", "--export-checkpoint")
                           for flag in sys.argv[1:])
     if not from_checkpoint and not ppo_continuous.parse_args(sys.argv[1:]).norm_obs:

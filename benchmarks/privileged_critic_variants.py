@@ -69,5 +69,5 @@ VARIANTS = {"noise": keep_dynamics_fixed, "zero-init": zero_privileged_weights,
             "masses-only": lambda: critic_reads_only("mass"), "frictions-only": lambda: critic_reads_only("friction")}
 
 if __name__ == "__main__":
-    VARIANTS[choose_variant(VARIANTS, __doc__)]()
+    VARIANTS[choose_variant(VARIANTS, __doc__, ppo_continuous)]()
     ppo_continuous.cli()

@@ -1031,6 +1031,27 @@ def test_normaliser_variants_keep_the_named_half_and_survive_a_checkpoint_load(m
     torch.testing.assert_close(loaded(obs), expected)
 
 
+@pytest.mark.parametrize("command", [
+    ["normaliser_variants.py", "centre-only", "--env-id", "Pendulum-v1", "--norm-obs"],
+    ["privileged_critic_variants.py", "zero-init", "--env-id", "PendulumNoVel-v1", "--privileged-critic"],
+])
+def test_a_variant_run_is_told_to_evaluate_and_resume_through_the_variant(tmp_path, command):
+    """Bug: a run through a variant ends with `evaluate: python ppo_continuous.py --eval-checkpoint ...` (and the
+    same for resume), which would evaluate or go on training without the change (a centre-only picking checkpoint
+    scores 0% through the plain script and 99.6% through its variant)."""
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", command[0])
+    flags = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2",
+             "--total-timesteps", "128", "--no-progress-bar", "--policy-device", "cpu", "--sim-device", "cpu"]
+    done = subprocess.run([sys.executable, script, *command[1:], *flags], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    evaluate = next(line for line in done.stdout.splitlines() if line.startswith("evaluate:"))
+    assert evaluate.startswith(f"evaluate: python {script} {command[1]} --eval-checkpoint runs/"), evaluate
+
+
 def test_normaliser_variants_refuse_a_run_without_the_normaliser(tmp_path):
     """Bug: the picking preset (raw observations) run through a variant without --norm-obs trains raw observations
     under a name that says otherwise."""
