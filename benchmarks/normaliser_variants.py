@@ -13,6 +13,12 @@ centre-only  each feature minus its running mean, not divided by its std: with `
 scale-only   each feature divided by its running std (plus `--norm-obs-eps`), not centred. Give it a floor: with
              `--norm-obs-eps 0` a feature whose mean is ten of its stds from zero (a resting cube's height, 0.02 m
              against 2 mm) sits at the clip. Picking's runs took 1.0, about raw observations' scale.
+centre-absorbed
+             centre-only, and whenever the running mean moves by d the first layer of each network that reads these
+             observations adds W d to its bias: the networks compute what they would on raw observations, at
+             initialisation (the same weights as a raw run of the same seed) and through every change of the
+             statistics. What differs from raw observations is the first layer's gradient alone (its weights learn
+             from x - mean, not x); what differs from centre-only is the function the networks start from.
 
 The statistics are gathered, frozen, saved and clipped at +-10 as without; only the shift or the scale applied to
 each observation changes.
@@ -24,6 +30,7 @@ import os
 import sys
 
 import torch
+from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ppo_continuous  # noqa: E402
@@ -47,7 +54,39 @@ def keep_only(half: str) -> None:
     ppo_continuous.ObsNormalizer.refresh = refresh
 
 
-VARIANTS = {"centre-only": lambda: keep_only("centre"), "scale-only": lambda: keep_only("scale")}
+statistics_update = ppo_continuous.ObsNormalizer.update
+agent_built = ppo_continuous.build_agent
+
+
+def absorb_the_centring() -> None:
+    """centre-only, with the shift's every change added back through the first layers' biases (each normaliser
+    learns which layers read it when the agent is built). Done where the statistics are gathered, not in `refresh`:
+    a checkpoint's biases already hold the shift its statistics load with."""
+    keep_only("centre")
+
+    def build_agent(args, vec, device, critic_shape=None):
+        agent, obs_norm, critic_norm = agent_built(args, vec, device, critic_shape)
+        actor_in, critic_in = (next(m for m in network if isinstance(m, nn.Linear))
+                               for network in (agent.actor_mean, agent.critic))
+        if critic_norm is None:
+            obs_norm.readers = [actor_in, critic_in]
+        else:  # --privileged-critic: the critic reads its own observation, through its own normaliser
+            obs_norm.readers, critic_norm.readers = [actor_in], [critic_in]
+        return agent, obs_norm, critic_norm
+
+    @torch.no_grad()
+    def update(normaliser, x: torch.Tensor) -> None:
+        shift_before = normaliser.shift.clone()
+        statistics_update(normaliser, x)
+        for layer in getattr(normaliser, "readers", ()):
+            layer.bias.add_(layer.weight @ (normaliser.shift - shift_before))
+
+    ppo_continuous.build_agent = build_agent
+    ppo_continuous.ObsNormalizer.update = update
+
+
+VARIANTS = {"centre-only": lambda: keep_only("centre"), "scale-only": lambda: keep_only("scale"),
+            "centre-absorbed": absorb_the_centring}
 
 if __name__ == "__main__":
     variant = choose_variant(VARIANTS, __doc__, ppo_continuous)
