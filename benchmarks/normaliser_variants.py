@@ -1,6 +1,6 @@
 """ppo_continuous.py with the observation normaliser doing half its work, to find out which half holds picking's
 normalised seeds on the table (benchmarks/results/franka_cube/README.md): neither the clip, the scale, the update
-size nor the running mean's drift did. The first word names the half kept; the rest are ppo_continuous.py's flags, all
+size nor the running mean's drift did. The first word names the variant; the rest are ppo_continuous.py's flags, all
 of them, `--norm-obs` among them (resume and evaluation too, with the same first word: the checkpoint holds the
 statistics, not the variant):
 
@@ -19,9 +19,17 @@ centre-absorbed
              initialisation (the same weights as a raw run of the same seed) and through every change of the
              statistics. What differs from raw observations is the first layer's gradient alone (its weights learn
              from x - mean, not x); what differs from centre-only is the function the networks start from.
+centre-imposed
+             the converse: raw observations (neither shifted nor scaled), and whenever the running mean moves by d
+             those first layers subtract W d from their bias: the networks compute what centre-only's would, while
+             the first layer's weights learn from raw x.
 
-The statistics are gathered, frozen, saved and clipped at +-10 as without; only the shift or the scale applied to
-each observation changes.
+The centring's two parts, then: the function the networks start from and the first layer's gradient. On a seed, raw
+observations have both raw, centre-only both centred, centre-absorbed the raw start and the centred gradient,
+centre-imposed the converse.
+
+The statistics are gathered, frozen, saved and clipped at +-10 as without (the last variant clips raw observations);
+only the shift or the scale applied to each observation changes, and for the last two the first layers' biases.
 """
 
 from __future__ import annotations
@@ -39,17 +47,17 @@ from benchmarks import choose_variant  # noqa: E402
 statistics_refresh = ppo_continuous.ObsNormalizer.refresh
 
 
-def keep_only(half: str) -> None:
-    """The normaliser's shift (the running mean) or its scale (one over the std) set to the identity's, whenever the
-    statistics change: "centre" keeps the shift, "scale" keeps the scale."""
+def keep(centre: bool, scale: bool) -> None:
+    """The normaliser's shift (the running mean) and scale (one over the std) each kept or set to the identity's,
+    whenever the statistics change."""
 
     @torch.no_grad()
     def refresh(normaliser) -> None:
         statistics_refresh(normaliser)
-        if half == "centre":
-            normaliser.scale.fill_(1.0)
-        else:
+        if not centre:
             normaliser.shift.zero_()
+        if not scale:
+            normaliser.scale.fill_(1.0)
 
     ppo_continuous.ObsNormalizer.refresh = refresh
 
@@ -58,11 +66,13 @@ statistics_update = ppo_continuous.ObsNormalizer.update
 agent_built = ppo_continuous.build_agent
 
 
-def absorb_the_centring() -> None:
-    """centre-only, with the shift's every change added back through the first layers' biases (each normaliser
-    learns which layers read it when the agent is built). Done where the statistics are gathered, not in `refresh`:
-    a checkpoint's biases already hold the shift its statistics load with."""
-    keep_only("centre")
+def centring_through_the_biases(centred_inputs: bool) -> None:
+    """Every change d of the running mean moved through the first layers' biases (each normaliser learns which layers
+    read it when the agent is built): +W d on centred inputs (the raw networks' function), -W d on raw ones (the
+    centred networks'). Done where the statistics are gathered, not in `refresh`: a checkpoint's biases already hold
+    the mean its statistics load with."""
+    keep(centre=centred_inputs, scale=False)
+    sign = 1.0 if centred_inputs else -1.0
 
     def build_agent(args, vec, device, critic_shape=None):
         agent, obs_norm, critic_norm = agent_built(args, vec, device, critic_shape)
@@ -76,17 +86,18 @@ def absorb_the_centring() -> None:
 
     @torch.no_grad()
     def update(normaliser, x: torch.Tensor) -> None:
-        shift_before = normaliser.shift.clone()
+        mean_before = normaliser.mean.clone()
         statistics_update(normaliser, x)
         for layer in getattr(normaliser, "readers", ()):
-            layer.bias.add_(layer.weight @ (normaliser.shift - shift_before))
+            layer.bias.add_(layer.weight @ (normaliser.mean - mean_before).float(), alpha=sign)
 
     ppo_continuous.build_agent = build_agent
     ppo_continuous.ObsNormalizer.update = update
 
 
-VARIANTS = {"centre-only": lambda: keep_only("centre"), "scale-only": lambda: keep_only("scale"),
-            "centre-absorbed": absorb_the_centring}
+VARIANTS = {"centre-only": lambda: keep(centre=True, scale=False), "scale-only": lambda: keep(centre=False, scale=True),
+           "centre-absorbed": lambda: centring_through_the_biases(centred_inputs=True),
+           "centre-imposed": lambda: centring_through_the_biases(centred_inputs=False)}
 
 if __name__ == "__main__":
     variant = choose_variant(VARIANTS, __doc__, ppo_continuous)

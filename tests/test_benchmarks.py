@@ -1032,11 +1032,13 @@ def test_normaliser_variants_keep_the_named_half_and_survive_a_checkpoint_load(m
 
 
 @pytest.mark.parametrize("privileged_critic", [False, True])
-def test_centre_absorbed_networks_compute_what_they_would_on_raw_observations(monkeypatch, privileged_critic):
-    """Bugs in benchmarks/normaliser_variants.py centre-absorbed: the mean's change not added back through the first
-    layers' biases (it would be centre-only), added to the actor's alone or through the wrong normaliser (a
-    privileged critic reads its own), or added again when a checkpoint's statistics load (a resumed or evaluated
-    policy would read observations shifted twice)."""
+@pytest.mark.parametrize("variant", ["centre-absorbed", "centre-imposed"])
+def test_centring_through_the_biases_gives_the_other_inputs_networks(monkeypatch, variant, privileged_critic):
+    """Bugs in benchmarks/normaliser_variants.py centre-absorbed (centred inputs, the networks raw observations' would
+    be) and centre-imposed (raw inputs, centred observations' networks): the mean's change not moved through the first
+    layers' biases (they would be centre-only and raw observations), moved the wrong way, moved in the actor's alone or
+    through the wrong normaliser (a privileged critic reads its own), or moved again when a checkpoint's statistics
+    load (a resumed or evaluated policy would read observations shifted twice)."""
     import copy
     from types import SimpleNamespace
 
@@ -1047,23 +1049,29 @@ def test_centre_absorbed_networks_compute_what_they_would_on_raw_observations(mo
     for name in ("refresh", "update"):  # undone after the test
         monkeypatch.setattr(ppo_continuous.ObsNormalizer, name, getattr(ppo_continuous.ObsNormalizer, name))
     monkeypatch.setattr(ppo_continuous, "build_agent", ppo_continuous.build_agent)
-    normaliser_variants.VARIANTS["centre-absorbed"]()
+    normaliser_variants.VARIANTS[variant]()
     box = lambda n: gym.spaces.Box(-np.inf, np.inf, (n,), np.float32)  # noqa: E731
     vec = SimpleNamespace(single_observation_space=box(3), single_critic_observation_space=box(4),
                           single_action_space=gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
     args = ppo_continuous.Args(norm_obs=True, privileged_critic=privileged_critic, hidden_sizes=(8, 8))
     agent, obs_norm, critic_norm = ppo_continuous.build_agent(args, vec, torch.device("cpu"))
-    raw_twin = copy.deepcopy(agent)
+    twin = copy.deepcopy(agent)
     generator = torch.Generator().manual_seed(0)
-    obs, critic_obs = (torch.randn(6, n, generator=generator) + torch.arange(n) * 3 + 5 for n in (3, 4))
-    for batch in range(3):  # the mean moves three times, by several of the features' stds
-        obs_norm.update(obs + 4 * batch)
+    # Means of 2-5, moved three times by two of the features' stds; all below the clip at 10, raw or centred.
+    obs, critic_obs = (0.5 * torch.randn(6, n, generator=generator) + torch.arange(n) + 2 for n in (3, 4))
+    for batch in range(3):
+        obs_norm.update(obs + batch)
         if critic_norm is not None:
-            critic_norm.update(critic_obs - 4 * batch)
-    assert (obs_norm.shift.abs() > 5).all() and (obs_norm.scale == 1).all()
-    critic_reads, critic_raw = (obs_norm(obs), obs) if critic_norm is None else (critic_norm(critic_obs), critic_obs)
-    torch.testing.assert_close(agent.actor_mean(obs_norm(obs)), raw_twin.actor_mean(obs))
-    torch.testing.assert_close(agent.critic(critic_reads), raw_twin.critic(critic_raw))
+            critic_norm.update(critic_obs - batch)
+    assert (obs_norm.mean.abs() > 2).all() and (obs_norm.scale == 1).all()
+    torch.testing.assert_close(obs_norm(obs), obs - obs_norm.mean.float() if variant == "centre-absorbed" else obs)
+
+    def twin_input(x, normaliser):  # what the same networks without the variant read to compute the same
+        return x if variant == "centre-absorbed" else x - normaliser.mean.float()
+
+    critic_norm, critic_obs = (obs_norm, obs) if critic_norm is None else (critic_norm, critic_obs)
+    torch.testing.assert_close(agent.actor_mean(obs_norm(obs)), twin.actor_mean(twin_input(obs, obs_norm)))
+    torch.testing.assert_close(agent.critic(critic_norm(critic_obs)), twin.critic(twin_input(critic_obs, critic_norm)))
     first_layers = [agent.actor_mean[0], agent.critic[0]]
     biases = [layer.bias.clone() for layer in first_layers]
     loaded = ppo_continuous.ObsNormalizer((3,))
