@@ -1,4 +1,4 @@
-"""ppo_continuous.py with the observation normaliser doing half its work, to find out which half holds picking's
+"""ppo_continuous.py with the observation normaliser doing part of its work, to find out which part holds picking's
 normalised seeds on the table (benchmarks/results/franka_cube/README.md): neither the clip, the scale, the update
 size nor the running mean's drift did. The first word names the variant; the rest are ppo_continuous.py's flags, all
 of them, `--norm-obs` among them (resume and evaluation too, with the same first word: the checkpoint holds the
