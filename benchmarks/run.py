@@ -35,6 +35,8 @@ ABLATION = {"": [], "post_ln": ["--no-pre-ln"], "gated": ["--gated"], "default_i
 LONG_CUE = ["--env-kwargs", "length", "32", "max_episode_steps", "32", "--context-len", "32", "--num-layers", "4"]
 # ppo_transformer.py's FrankaReachCue-v0 preset before issue 48: history mode over the last 16 steps
 HISTORY16 = ["--memory-tokens", "0", "--context-len", "16", "--num-envs", "1024", "--num-steps", "24"]
+# The push studies ran with ManiSkill3's gamma 0.8, the push presets' until 2026-12-07 (now 0.95).
+PUSH_GAMMA = ["--gamma", "0.8"]
 PRESETS = {
     "quick": [
         ("ppo_continuous.py", "Pendulum-v1", (1, 2), 100_000, []),
@@ -91,7 +93,7 @@ PRESETS = {
                                                                       (["--memory-gate"], "memory_mgate"))],
     # Issue 15: memory on the cube, the three scripts' presets on FrankaPushCubeRandom-v0 (unobserved cube mass and
     # friction) at one budget; seed by seed, so that a stopped session leaves whole seeds (runs resume).
-    "push_memory": [(script, "FrankaPushCubeRandom-v0", (seed,), 2_000_000, []) for seed in (1, 2, 3)
+    "push_memory": [(script, "FrankaPushCubeRandom-v0", (seed,), 2_000_000, PUSH_GAMMA) for seed in (1, 2, 3)
                     for script in ("ppo_continuous.py", "ppo_recurrent.py", "ppo_transformer.py")],
     # Issue 43: the recurrent script with a privileged critic (every velocity and the foot contacts; the cue's target)
     # on the two memory tasks where the earlier runs without it are the baselines (go2_novelall, arm_memory: seed 1).
@@ -100,7 +102,7 @@ PRESETS = {
     # The MLP's critic reading the cube's drawn mass and frictions (--privileged-critic) against the same preset without
     # it, on FrankaPushCubeRandom-v0 at push_memory's budget; seed by seed, both arms of a seed side by side (seeds 4
     # and 5 came a session after 1-3, with zero-init's: benchmarks/results/franka_cube/README.md).
-    "push_privileged": [("ppo_continuous.py", "FrankaPushCubeRandom-v0", (seed,), 2_000_000, flags, suffix)
+    "push_privileged": [("ppo_continuous.py", "FrankaPushCubeRandom-v0", (seed,), 2_000_000, PUSH_GAMMA + flags, suffix)
                         for seed in range(1, 6)
                         for flags, suffix in (([], ""), (["--privileged-critic"], "privileged"))],
     # Issue 43's FrankaReachCue-v0 pairs over three seeds: the GRU and the memoryless MLP, each preset with and without
