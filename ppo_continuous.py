@@ -222,9 +222,9 @@ PRESETS = {
 # on the randomised push solved 10-15 points fewer episodes at 4.9M (both with gamma 0.8).
 PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = dict(
     ARM_AS_MEASURED, gamma=0.95, gae_lambda=0.9, total_timesteps=10_000_000)
-# Picking keeps ManiSkill3's gamma 0.8 (0.95 not run there) and takes its network (3x256, std 0.6) and updates (8 epochs
-# x 32 minibatches at a constant 3e-4): on the arm's, the cube was lifted but never carried to the goal
-# (pick_diagnostics.md). On raw observations, with the KL checked after every minibatch against 0.15
+# Picking keeps ManiSkill3's gamma 0.8 (with 0.95 seed 2 held the plateau to 6M) and takes its network (3x256, std 0.6)
+# and updates (8 epochs x 32 minibatches at a constant 3e-4): on the arm's, the cube was lifted but never carried to the
+# goal (pick_diagnostics.md). On raw observations, with the KL checked after every minibatch against 0.15
 # (Stable-Baselines3's 1.5x of 0.1; the transformer's too): seeds 1 and 3 solved 100.0% and 99.9% at 5M, seed 2 left the
 # plateau of grasping and holding the cube at 5M (0%; 99.3% at 6M); seeds 4-6 100.0%, 98.9% and 99.9% at 5M. Normalised,
 # three seeds of five stayed at 0% to 5M (one of three with the check at each epoch's end); raw with the check at each
