@@ -222,14 +222,14 @@ PRESETS = {
 # on the randomised push solved 10-15 points fewer episodes at 4.9M (both with gamma 0.8).
 PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = dict(
     ARM_AS_MEASURED, gamma=0.95, gae_lambda=0.9, total_timesteps=10_000_000)
-# Picking keeps ManiSkill3's gamma 0.8 (with 0.95 seed 2 held the plateau to 6M) and takes its network (3x256, std 0.6)
-# and updates (8 epochs x 32 minibatches at a constant 3e-4): on the arm's, the cube was lifted but never carried to the
-# goal (pick_diagnostics.md). On raw observations, with the KL checked after every minibatch against 0.15
-# (Stable-Baselines3's 1.5x of 0.1; the transformer's too): seeds 1 and 3 solved 100.0% and 99.9% at 5M, seed 2 left the
-# plateau of grasping and holding the cube at 5M (0%; 99.3% at 6M); seeds 4-6 100.0%, 98.9% and 99.9% at 5M. Normalised,
-# three seeds of five stayed at 0% to 5M (one of three with the check at each epoch's end); raw with the check at each
-# epoch's end against 0.1, all three solved 100% by 3.4M, then one epoch's KL reached 2.7-9.1 in each and two fell apart
-# (presets.md).
+# Picking keeps ManiSkill3's gamma 0.8 (with 0.95 seeds 2 and 3 held the plateau past 5M, seed 1 solved 1M steps later)
+# and takes its network (3x256, std 0.6) and updates (8 epochs x 32 minibatches at a constant 3e-4): on the arm's, the
+# cube was lifted but never carried to the goal (pick_diagnostics.md). On raw observations, with the KL checked after
+# every minibatch against 0.15 (Stable-Baselines3's 1.5x of 0.1; the transformer's too): seeds 1 and 3 solved 100.0% and
+# 99.9% at 5M, seed 2 left the plateau of grasping and holding the cube at 5M (0%; 99.3% at 6M); seeds 4-6 100.0%, 98.9%
+# and 99.9% at 5M. Normalised, three seeds of five stayed at 0% to 5M (one of three with the check at each epoch's end);
+# raw with the check at each epoch's end against 0.1, all three solved 100% by 3.4M, then one epoch's KL reached 2.7-9.1
+# in each and two fell apart (presets.md).
 PRESETS["FrankaPickCube-v0"] = dict(
     PRESETS["FrankaPushCube-v0"], gamma=0.8, hidden_sizes=(256, 256, 256), init_log_std=-0.5, num_minibatches=32,
     update_epochs=8, learning_rate=3e-4, lr_schedule="constant", norm_obs=False, target_kl=0.15,
