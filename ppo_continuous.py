@@ -222,7 +222,7 @@ PRESETS = {
 # on the randomised push solved 10-15 points fewer episodes at 4.9M (both with gamma 0.8).
 PRESETS["FrankaPushCube-v0"] = PRESETS["FrankaPushCubeRandom-v0"] = dict(
     ARM_AS_MEASURED, gamma=0.95, gae_lambda=0.9, total_timesteps=10_000_000)
-# Picking keeps ManiSkill3's gamma 0.8 (with 0.95 seeds 2 and 3 held the plateau past 5M, seed 1 solved 1M steps later)
+# Picking keeps ManiSkill3's gamma 0.8 (with 0.95 all five seeds tried fell behind 0.8's, two on the plateau past 5M)
 # and takes its network (3x256, std 0.6) and updates (8 epochs x 32 minibatches at a constant 3e-4): on the arm's, the
 # cube was lifted but never carried to the goal (pick_diagnostics.md). On raw observations, with the KL checked after
 # every minibatch against 0.15 (Stable-Baselines3's 1.5x of 0.1; the transformer's too): seeds 1 and 3 solved 100.0% and
