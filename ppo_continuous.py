@@ -207,6 +207,7 @@ PRESETS = {
     "FrankaReach-v0": {},
     "FrankaReachNoVel-v0": ARM_AS_MEASURED,
     "FrankaReachCue-v0": ARM_AS_MEASURED,
+    "FrankaReachDelay-v0": {},
     # SB3 zoo's tuned PPO, with wide initial noise in place of its gSDE (narrower noise left a seed spinning).
     "Pendulum-v1": dict(
         CLEANRL, num_envs=4, total_timesteps=200_000, learning_rate=1e-3, num_steps=1024, gamma=0.9,

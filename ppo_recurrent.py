@@ -227,7 +227,8 @@ PENDULUM = dict(
     CLEANRL, num_envs=4, total_timesteps=300_000, learning_rate=1e-3, num_steps=1024, gamma=0.9, bptt_len=32,
     num_minibatches=16, init_log_std=-0.5,
 )
-PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDULUM, "PendulumNoVel-v1": PENDULUM}
+PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "FrankaReachDelay-v0": {}, "Pendulum-v1": PENDULUM,
+           "PendulumNoVel-v1": PENDULUM}
 # Whole-episode sequences, so that the reward the cue (seen in the first 5 of 100 steps) earns reaches it.
 PRESETS["FrankaReachCue-v0"] = dict(num_envs=256, num_steps=100)  # bptt_len 0: the whole rollout
 # The cube tasks: ManiSkill3's PPO settings for PushCube-v1 and PickCube-v1 (gamma 0.8, lambda 0.9) on the arm's, but

@@ -239,8 +239,7 @@ PENDULUM = dict(
     CLEANRL, num_envs=4, total_timesteps=300_000, learning_rate=1e-3, num_steps=1024, gamma=0.9, num_minibatches=16,
     init_log_std=-0.5,
 )
-PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDULUM,
-           "PendulumNoVel-v1": PENDULUM}
+PRESETS = {"FrankaReach-v0": {}, "FrankaReachNoVel-v0": {}, "Pendulum-v1": PENDULUM, "PendulumNoVel-v1": PENDULUM}
 # The cube tasks: ManiSkill3's PPO settings for PushCube-v1 and PickCube-v1 (gamma 0.8, lambda 0.9) on the arm's, but
 # pushing looks further ahead (gamma 0.95, about 1 s): on the randomised push this transformer solved 82.4-84.8% of
 # episodes at 2M steps against 51.5-72.8% with 0.8 (the MLP's reason: with 0.8 it let the cube slide out on slippery
@@ -269,10 +268,12 @@ PRESETS["Go2Rough-v0"] = PRESETS["Go2RoughBlind-v0"] = dict(PRESETS["Go2Walk-v0"
 # The arm's memory tasks. The cue, seen in an episode's first 5 of 100 steps, in memory mode: 4 memory tokens beside
 # the current step's token, whole 100-step episodes as training sequences (as the GRU's preset); history mode over 16
 # steps (--memory-tokens 0 --context-len 16 --num-envs 1024 --num-steps 24) forgot it. The randomised push in
-# history mode: 0.8 s of pushing to infer the cube's mass and friction.
+# history mode: 0.8 s of pushing to infer the cube's mass and friction. The delayed reach in history mode over the
+# last 8 steps (0.16 s), in which an action sent 3 steps before shows how late the arm answers.
 PRESETS["FrankaReachCue-v0"] = dict(memory_tokens=4, context_len=1, num_tokens=1, token_dim=32, critic="shared",
                                     num_envs=256, num_steps=100)
 PRESETS["FrankaPushCubeRandom-v0"] = dict(PRESETS["FrankaPushCube-v0"], context_len=16, num_tokens=1, token_dim=32)
+PRESETS["FrankaReachDelay-v0"] = dict(context_len=8, num_tokens=1, token_dim=32)
 # Stacking: the picking settings (token mode) for ManiSkill3's StackCube-v1 budget (25M steps); with unobserved masses
 # and frictions, the randomised push's 16-step history to infer them from. Raw observations: with ppo_continuous.py's
 # normaliser A was slid along the table for 25M steps (with a floor on each std, which keeps A's lift off the clip, on

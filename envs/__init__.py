@@ -7,13 +7,14 @@
 
 Any Gymnasium id works (MuJoCo, classic control, Box2D), plus the partially observable variants of
 `envs.partial` (`PendulumNoVel-v1`, `HalfCheetahNoVel-v5`, `HalfCheetah-P-v5`, ...) and the Genesis
-arm tasks `FrankaReach-v0`, `FrankaReachNoVel-v0` (velocities hidden) and `FrankaReachCue-v0` (target seen
-only at first) (`envs.franka`), `FrankaPushCube-v0`, `FrankaPushCubeRandom-v0` (unobserved mass and friction),
-`FrankaPickCube-v0`, `FrankaStackCube-v0` and `FrankaStackCubeRandom-v0` (unobserved masses and
-frictions) (`envs.franka_cube`), the quadruped `Go2Walk-v0`, `Go2WalkNoVel-v0` (base velocities
-hidden) and `Go2WalkNoVelAll-v0` (joint velocities too) (`envs.go2`), the same on rough terrain with a terrain
-curriculum, `Go2Rough-v0` (a height scan) and `Go2RoughBlind-v0` (none) (`envs.go2_rough`), and the memory task
-`MemoryCue-v0` (`envs.memory`). Importing this package registers them with Gymnasium.
+arm tasks `FrankaReach-v0`, `FrankaReachNoVel-v0` (velocities hidden), `FrankaReachCue-v0` (target seen
+only at first) and `FrankaReachDelay-v0` (an unobserved actuation delay) (`envs.franka`), `FrankaPushCube-v0`,
+`FrankaPushCubeRandom-v0` (unobserved mass and friction), `FrankaPickCube-v0`, `FrankaStackCube-v0` and
+`FrankaStackCubeRandom-v0` (unobserved masses and frictions) (`envs.franka_cube`), the quadruped `Go2Walk-v0`,
+`Go2WalkNoVel-v0` (base velocities hidden) and `Go2WalkNoVelAll-v0` (joint velocities too) (`envs.go2`), the same on
+rough terrain with a terrain curriculum, `Go2Rough-v0` (a height scan) and `Go2RoughBlind-v0` (none)
+(`envs.go2_rough`), and the memory task `MemoryCue-v0` (`envs.memory`). Importing this package registers them with
+Gymnasium.
 
 A long-lived process that builds many Genesis scenes calls `envs.release_genesis()` once its envs are closed: Genesis
 keeps the native memory of destroyed scenes until it is itself destroyed.
@@ -47,6 +48,7 @@ for _id, _entry, _steps, _kwargs in (
     ("FrankaReach-v0", "envs.franka:FrankaReachVecEnv", 100, {}),
     ("FrankaReachNoVel-v0", "envs.franka:FrankaReachVecEnv", 100, {"observe_velocities": False}),
     ("FrankaReachCue-v0", "envs.franka:FrankaReachCueVecEnv", 100, {}),
+    ("FrankaReachDelay-v0", "envs.franka:FrankaReachDelayVecEnv", 100, {}),
     ("FrankaPushCube-v0", "envs.franka_cube:FrankaPushCubeVecEnv", 50, {}),
     ("FrankaPushCubeRandom-v0", "envs.franka_cube:FrankaPushCubeVecEnv", 50, {"randomise_dynamics": True}),
     ("FrankaPickCube-v0", "envs.franka_cube:FrankaPickCubeVecEnv", 50, {}),

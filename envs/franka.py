@@ -114,7 +114,10 @@ class FrankaArmVecEnv(GenesisVecEnv):
         """The first 7 actions move the joint-position command by up to `action_scale` rad per joint."""
         self.action_rate = (action - self.prev_action).square().sum(-1)
         self.prev_action = action  # observed as the previous action
-        arm_action = action[:, :NUM_ARM_JOINTS]
+        self._move_arm(action[:, :NUM_ARM_JOINTS])
+
+    def _move_arm(self, arm_action: torch.Tensor) -> None:
+        """Moves the joint-position command by `action_scale` * `arm_action` rad and sends the commands."""
         self.arm_target = (self.arm_target + self.action_scale * arm_action).clamp(self.arm_lower, self.arm_upper)
         self._send_commands()
 
@@ -281,3 +284,53 @@ class FrankaReachCueVecEnv(FrankaReachVecEnv):
         target = obs.shape[-1] - NUM_ARM_JOINTS - 6  # target (3) and ee→target (3) come just before prev_action
         obs[:, target:target + 6] *= visible
         return torch.cat([obs, visible], dim=-1)
+
+
+class FrankaReachDelayVecEnv(FrankaReachVecEnv):
+    """FrankaReach-v0 with an unobserved actuation delay: each episode draws a delay of `min_action_delay` to
+    `max_action_delay` agent steps (uniformly), and the arm moves by the action sent that many steps earlier.
+
+    The observation is FrankaReach-v0's (its previous action is the one the policy sent, not the one that moved the
+    arm), so a policy learns the delay, and which of its actions are still on their way, only from how the arm
+    answered its earlier actions. A memoryless policy can only act for every delay at once; the critic may read the
+    delay and the actions in flight (`--privileged-critic`). Real controllers lag by tens of milliseconds; the
+    default, 0-3 steps of 0.02 s, is 0-60 ms.
+    """
+
+    STATE = (*FrankaReachVecEnv.STATE, "action_delay", "actions_in_flight")
+
+    def __init__(self, *args, min_action_delay: int = 0, max_action_delay: int = 3, **kwargs):
+        for name, value in (("min_action_delay", min_action_delay), ("max_action_delay", max_action_delay)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer (agent steps), got {value!r}")
+        if min_action_delay > max_action_delay:
+            raise ValueError(f"min_action_delay must be at most max_action_delay, got {min_action_delay} and "
+                             f"{max_action_delay}")
+        self.min_action_delay, self.max_action_delay = min_action_delay, max_action_delay
+        super().__init__(*args, **kwargs)
+        self._offer_critic_observation(FULL_REACH_OBS + 1 + max_action_delay * NUM_ARM_JOINTS)
+        sim = self.target_pos.device
+        self.action_delay = torch.zeros(self.num_envs, dtype=torch.int64, device=sim)
+        # The arm actions sent in the last `max_action_delay` steps, the newest first; those older than an env's
+        # delay have moved its arm, the rest are still on their way.
+        self.actions_in_flight = torch.zeros(self.num_envs, max_action_delay, NUM_ARM_JOINTS, device=sim)
+        self._rows = torch.arange(self.num_envs, device=sim)
+
+    def _reset_envs(self, envs_idx: torch.Tensor) -> None:
+        super()._reset_envs(envs_idx)
+        self.action_delay[envs_idx] = torch.randint(self.min_action_delay, self.max_action_delay + 1,
+                                                    (len(envs_idx),), generator=self.generator, device=envs_idx.device)
+        self.actions_in_flight.index_fill_(0, envs_idx, 0.0)  # a new episode has nothing sent: the arm holds still
+
+    def _move_arm(self, arm_action: torch.Tensor) -> None:
+        """Moves the arm by the action sent `action_delay` steps ago (this one when the delay is 0)."""
+        sent = torch.cat([arm_action[:, None], self.actions_in_flight], dim=1)  # newest first
+        self.actions_in_flight = sent[:, :self.max_action_delay]
+        super()._move_arm(sent[self._rows, self.action_delay])
+
+    def _observe_critic(self) -> torch.Tensor:
+        """FrankaReach-v0's observation, the delay in steps and the actions in flight (zeros past the delay)."""
+        in_flight = self.actions_in_flight * (torch.arange(self.max_action_delay, device=self.action_delay.device)
+                                              < self.action_delay[:, None])[..., None]
+        return torch.cat([*self._observation_parts(), self.action_delay[:, None].float(), in_flight.flatten(1)],
+                         dim=-1)

@@ -1,5 +1,6 @@
-"""The envs/ contract and the documented details of the Panda's cube tasks and of FrankaReachCue-v0 (CPU backend,
-a few envs). Scene builds take seconds, so the scenes are module fixtures; each test starts from a seeded reset.
+"""The envs/ contract and the documented details of the Panda's cube tasks and of the reaching variants
+FrankaReachCue-v0 and FrankaReachDelay-v0 (CPU backend, a few envs). Scene builds take seconds, so the scenes are
+module fixtures; each test starts from a seeded reset.
 """
 
 import os
@@ -20,6 +21,7 @@ CPU = dict(sim_device="cpu", stagger_episodes=False)
 EPISODE = 10
 CUBE_IDS = ("FrankaPushCube-v0", "FrankaPushCubeRandom-v0", "FrankaPickCube-v0")
 STACK_IDS = ("FrankaStackCube-v0", "FrankaStackCubeRandom-v0")
+REACH_IDS = ("FrankaReachCue-v0", "FrankaReachDelay-v0")
 # A joint pose found by sampling that drives the hand link into the table (the fingers stay clear of it).
 HAND_ON_TABLE = (-0.0188, -0.8762, -2.2202, -2.9755, -2.4453, 1.4852, 1.5889)
 
@@ -33,7 +35,7 @@ def actions(vec, steps, seed=0, scale=1.0):
 @pytest.fixture(scope="module")
 def scenes():
     made = {env_id: envs.make(env_id, num_envs=4, seed=0, max_episode_steps=EPISODE, **CPU)
-            for env_id in (*CUBE_IDS, *STACK_IDS, "FrankaReachCue-v0")}
+            for env_id in (*CUBE_IDS, *STACK_IDS, *REACH_IDS)}
     for env_id, vec in made.items():
         vec.env_id = env_id
     yield made
@@ -46,7 +48,7 @@ def cube_task(request, scenes):
     return scenes[request.param]
 
 
-@pytest.fixture(params=(*CUBE_IDS, *STACK_IDS, "FrankaReachCue-v0"))
+@pytest.fixture(params=(*CUBE_IDS, *STACK_IDS, *REACH_IDS))
 def any_task(request, scenes):
     return scenes[request.param]
 
@@ -56,7 +58,7 @@ def test_registered_ids_have_the_documented_spaces(scenes):
     shapes = {env_id: (vec.single_observation_space.shape[0], vec.single_action_space.shape[0])
               for env_id, vec in scenes.items()}
     assert shapes == {"FrankaPushCube-v0": (44, 7), "FrankaPushCubeRandom-v0": (44, 7),
-                      "FrankaPickCube-v0": (49, 8), "FrankaReachCue-v0": (34, 7),
+                      "FrankaPickCube-v0": (49, 8), "FrankaReachCue-v0": (34, 7), "FrankaReachDelay-v0": (33, 7),
                       "FrankaStackCube-v0": (59, 8), "FrankaStackCubeRandom-v0": (59, 8)}
     for vec in scenes.values():
         obs, _ = vec.reset(seed=0)
@@ -189,6 +191,48 @@ def test_cue_target_is_visible_exactly_the_first_cue_steps(scenes):
         else:
             assert (obs[:, target] == 0).all() and (obs[:, to_target] == 0).all()
         obs = cue.step(action)[0]
+
+
+def test_the_delayed_arm_moves_by_the_action_sent_delay_steps_earlier_and_observes_the_one_sent(scenes):
+    """Bugs: the delay ignored or off by one (the arm moved by the action of one step too many or too few), one
+    delay for every env, or the observed previous action the delayed one (which the policy did not just send)."""
+    delayed = scenes["FrankaReachDelay-v0"]
+    delayed.reset(seed=30)
+    delayed.action_delay[:] = torch.tensor([0, 1, 2, 3])
+    start = delayed.arm_target.clone()
+    pulse = torch.zeros(4, 7)
+    pulse[:, 0] = 1.0
+    moved_at = torch.full((4,), -1)
+    for step in range(5):
+        obs = delayed.step(pulse if step == 0 else torch.zeros(4, 7))[0]
+        torch.testing.assert_close(obs[:, -7:], pulse if step == 0 else torch.zeros(4, 7))
+        moved = (delayed.arm_target[:, 0] - start[:, 0]).abs() > 1e-6
+        moved_at[moved & (moved_at < 0)] = step
+    assert moved_at.tolist() == [0, 1, 2, 3]
+    torch.testing.assert_close(delayed.arm_target[:, 0] - start[:, 0], torch.full((4,), delayed.action_scale))
+
+
+def test_the_delay_is_drawn_per_episode_in_range_and_a_new_episode_has_nothing_in_flight(scenes):
+    """Bugs: one draw for every env or episode (nothing to infer), a delay outside the documented 0-3 steps, or a
+    new episode's arm moved by the last actions of the episode before it."""
+    delayed = scenes["FrankaReachDelay-v0"]
+    draws = []
+    for seed in range(40, 50):
+        delayed.reset(seed=seed)
+        draws.append(delayed.action_delay.clone())
+    draws = torch.stack(draws)
+    assert draws.min() == 0 and draws.max() == 3 and len(set(draws.flatten().tolist())) == 4
+    assert (draws != draws[:, :1]).any(dim=1).any() and (draws != draws[:1]).any(dim=0).any()
+    for action in actions(delayed, 3, seed=40):
+        delayed.step(action)
+    assert delayed.actions_in_flight.abs().sum() > 0
+    target = delayed.arm_target.clone()
+    delayed.reset(options={"reset_mask": torch.tensor([True, False, False, False])})
+    assert (delayed.actions_in_flight[0] == 0).all() and (delayed.actions_in_flight[1:].abs().sum(-1) > 0).any()
+    held = delayed.arm_target[0].clone()
+    delayed.step(torch.zeros(4, 7))
+    torch.testing.assert_close(delayed.arm_target[0], held)  # nothing left to arrive for the new episode
+    assert not torch.equal(delayed.arm_target[1:], target[1:])
 
 
 # The documented ranges of what the randomised tasks draw per episode (docs/tasks.md), column by column.
@@ -437,6 +481,9 @@ def test_the_stack_stages_reach_the_logs_and_the_evaluation_report(script, in_tm
     ("FrankaPushCube-v0", {"goal_y_range": (0.1, -0.1)}, "goal_y_range"),
     ("FrankaPushCubeRandom-v0", {"table_friction_range": 0.5}, r"table_friction_range must be a \(low, high\) pair"),
     ("FrankaStackCubeRandom-v0", {"cube_mass_range": (0.0, 0.1)}, "cube_mass_range must be positive"),
+    ("FrankaReachDelay-v0", {"max_action_delay": 1.5}, "max_action_delay must be a non-negative integer"),
+    ("FrankaReachDelay-v0", {"min_action_delay": -1}, "min_action_delay must be a non-negative integer"),
+    ("FrankaReachDelay-v0", {"min_action_delay": 4}, "min_action_delay must be at most max_action_delay"),
 ])
 def test_bad_arguments_raise_clear_errors(env_id, kwargs, match):
     """Bugs: a misspelt option answered with only the variant's own options (not its parent's), or a bad value
@@ -463,6 +510,26 @@ def test_the_cue_task_critic_sees_the_target_at_every_step_and_its_own_final_one
         torch.testing.assert_close(info["final_critic_obs"][:, :20], info["final_obs"][:, :20])
         ended += int(truncated.sum())
     assert ended == 4 and (obs[:, 33] == 0).any()  # every env's episode ended once; some targets were hidden
+
+
+def test_the_delay_task_critic_sees_the_delay_and_the_actions_in_flight_and_the_policy_does_not(scenes):
+    """Bugs: the critic as blind as the policy to the delay, actions that already moved the arm counted as in
+    flight, or the delay leaking into the policy's observation (FrankaReach-v0's 33 numbers)."""
+    delayed = scenes["FrankaReachDelay-v0"]
+    assert delayed.single_critic_observation_space.shape == (33 + 1 + 3 * 7,)
+    delayed.reset(seed=31)
+    delayed.action_delay[:] = torch.tensor([0, 1, 2, 3])
+    sent = actions(delayed, 3, seed=31)
+    for action in sent:
+        obs, _, _, _, info = delayed.step(action)
+    critic = info["critic_obs"]
+    torch.testing.assert_close(critic[:, :33], obs)
+    assert critic[:, 33].tolist() == [0.0, 1.0, 2.0, 3.0]
+    newest_first = torch.stack(sent[::-1], dim=1)  # (envs, 3 steps, 7)
+    for env, delay in enumerate(range(4)):
+        in_flight = critic[env, 34:].reshape(3, 7)
+        torch.testing.assert_close(in_flight[:delay], newest_first[env, :delay])
+        assert (in_flight[delay:] == 0).all()
 
 
 @pytest.mark.parametrize("env_id", DRAWN)

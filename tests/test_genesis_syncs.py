@@ -48,6 +48,7 @@ ROUGH = dict(terrain_levels=3, tile_size=4.0, terrain_border=1.0, max_init_level
 
 @pytest.mark.parametrize("env_id,kwargs", [
     ("FrankaReachCue-v0", {}),
+    ("FrankaReachDelay-v0", {}),
     ("FrankaPushCubeRandom-v0", {}),
     ("FrankaStackCube-v0", {}),
     ("Go2Walk-v0", dict(push_interval_s=0.04, friction_range=(0.5, 1.25), added_mass_range=(-1.0, 1.0),
