@@ -8,8 +8,8 @@ Each run's last periodic checkpoint is evaluated by its own script's evaluate() 
 fresh episodes) once per bin, with the task's randomisation ranges narrowed to that bin (its `env_kwargs`, as
 `--eval-checkpoint ... --env-kwargs` takes them: on top of the run's own options). A memoryless policy
 has to act the same whatever the hidden parameters are; one with memory can adapt, so its gain should show in
-the bins far from the average. Writes <stem>.md (success at the end / at any step, per bin, mean ± std over seeds);
-results are cached in the run directories (eval_bins_<episodes>.json).
+the bins far from the average. Writes <stem>.md (success at the end / at any step, and the return, per bin, mean ± std
+over seeds); results are cached in the run directories (eval_bins_<episodes>.json).
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ BINS = {
         for friction_name, friction in (("slippery (friction 0.05-0.2)", [0.05, 0.2]),
                                         ("grippy (friction 0.8-1)", [0.8, 1.0]))
     },
+    # FrankaReachDelay-v0: each delay the task draws (0-3 agent steps of 20 ms) alone.
+    "FrankaReachDelay-v0": {f"delay {delay} ({20 * delay} ms)": dict(min_action_delay=delay, max_action_delay=delay)
+                            for delay in range(4)},
 }
 
 
@@ -107,7 +110,7 @@ def main(args: Args) -> str:
     if not groups:
         raise SystemExit(f"error: no runs of --exp-names {' '.join(args.exp_names)} on {args.env_id} with a periodic "
                          f"checkpoint under --runs-dir {args.runs_dir}; train them first (benchmarks/run.py)")
-    metrics = [m for m in ("success_rate", "success_once")
+    metrics = [m for m in ("success_rate", "success_once", "mean_return")
                if all(m in r["bins"][b] for runs in groups.values() for r in runs for b in bins)]
 
     lines = [f"{args.env_id}: the last checkpoint of each run, {args.episodes} evaluation episodes per bin of the "

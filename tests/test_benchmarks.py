@@ -295,7 +295,8 @@ def test_eval_bins_evaluates_each_runs_last_checkpoint_with_each_bins_ranges_and
                                                                                                    monkeypatch):
     """Bugs: a bin's ranges never reaching the evaluation (every bin the same, the memory effect invisible), replacing
     the run's own options rather than going on top of them, the run's checkpoint overwritten, an earlier checkpoint
-    than the last, anything left beside the run but its cache, or every bin evaluated again on a rerun."""
+    than the last, anything left beside the run but its cache, every bin evaluated again on a rerun, or the return
+    left out of the tables."""
     import torch
 
     from benchmarks import eval_bins
@@ -325,6 +326,7 @@ def test_eval_bins_evaluates_each_runs_last_checkpoint_with_each_bins_ranges_and
     # light: 0.1 + seed/100 + 3/1000 -> 11.3%, 12.3%; heavy: 51.3%, 52.3%; both at the last checkpoint's 2,000 steps
     assert ("| push | ppo_continuous.py | 2 | 2,000 | **11.8% ± 0.5%** (11.3%, 12.3%) "
             "| **51.8% ± 0.5%** (51.3%, 52.3%) |") in text
+    assert "| push | ppo_continuous.py | 2 | 2,000 | **2000.0 ± 0.0** (2000.0, 2000.0) | **2000.0 ± 0.0**" in text
     assert len(evaluated) == 4
     for run in glob.glob(os.path.join(tmp_path, "Rand-v0__push__*")):
         assert torch.load(os.path.join(run, "checkpoint_000081.pt"))["args"] == saved_args
