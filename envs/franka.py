@@ -315,6 +315,7 @@ class FrankaReachDelayVecEnv(FrankaReachVecEnv):
         # delay have moved its arm, the rest are still on their way.
         self.actions_in_flight = torch.zeros(self.num_envs, max_action_delay, NUM_ARM_JOINTS, device=sim)
         self._rows = torch.arange(self.num_envs, device=sim)
+        self._slots = torch.arange(max_action_delay, device=sim)  # each in-flight slot's age, for the critic's mask
 
     def _reset_envs(self, envs_idx: torch.Tensor) -> None:
         super()._reset_envs(envs_idx)
@@ -330,7 +331,6 @@ class FrankaReachDelayVecEnv(FrankaReachVecEnv):
 
     def _observe_critic(self) -> torch.Tensor:
         """FrankaReach-v0's observation, the delay in steps and the actions in flight (zeros past the delay)."""
-        in_flight = self.actions_in_flight * (torch.arange(self.max_action_delay, device=self.action_delay.device)
-                                              < self.action_delay[:, None])[..., None]
+        in_flight = self.actions_in_flight * (self._slots < self.action_delay[:, None])[..., None]
         return torch.cat([*self._observation_parts(), self.action_delay[:, None].float(), in_flight.flatten(1)],
                          dim=-1)
